@@ -1,0 +1,25 @@
+"""The two exception types loopbridge raises on its own behalf."""
+
+from __future__ import annotations
+
+__all__ = ["LoopAffinityError", "OwnerLoopClosed"]
+
+
+class LoopAffinityError(RuntimeError):
+    """An object that belongs to one event loop was used in a way that is unsafe.
+
+    Raised for misuse that would otherwise corrupt the owner's state or deadlock:
+    calling a loop-affine object's async member from a loop that does not own it,
+    touching a sync member that was not declared stable or thread-safe through a
+    proxy, or using the blocking face on the owner loop's own thread.  The message
+    always says what to do instead.
+    """
+
+
+class OwnerLoopClosed(RuntimeError):
+    """The loop that owns the object stopped or closed.
+
+    Every call and stream still waiting on that loop fails with this error, and
+    new calls fail at once.  Transfer the object to a running loop with
+    :func:`loopbridge.transfer` to use it again.
+    """

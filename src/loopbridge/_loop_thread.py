@@ -1,0 +1,137 @@
+"""An owner loop on a dedicated thread, for code that has no loop of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable
+from typing import Any, Callable, TypeVar
+
+from ._errors import LoopAffinityError, OwnerLoopClosed
+
+__all__ = ["LoopThread"]
+
+R = TypeVar("R")
+
+
+class LoopThread:
+    """Run an event loop on its own thread, with a clean start and stop.
+
+    ::
+
+        with LoopThread(name="engine-owner") as owner:
+            engine = owner.run(make_engine)      # constructed on the owner loop
+            p = loopbridge.proxy(engine)         # usable from anywhere
+
+    :meth:`stop` cancels the loop's remaining tasks, closes its async generators
+    and its default executor, then closes the loop and joins the thread.  Calls
+    still waiting on it through proxies fail with :class:`OwnerLoopClosed`.
+    """
+
+    def __init__(
+        self,
+        name: str = "loopbridge-owner",
+        *,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+        use_uvloop: bool = False,
+    ) -> None:
+        if use_uvloop and loop_factory is not None:
+            raise ValueError("pass either loop_factory or use_uvloop, not both")
+        if use_uvloop:
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        self.name = name
+        self._factory = loop_factory or asyncio.new_event_loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise LoopAffinityError(f"{self.name} is not started; call start() first")
+        return self._loop
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> LoopThread:
+        """Start the thread; return once its loop is running."""
+        if self._thread is not None:
+            raise RuntimeError(f"{self.name} was already started")
+        self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _main(self) -> None:
+        try:
+            loop = self._factory()
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        loop.call_soon(self._ready.set)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                _shutdown(loop)
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+    def run(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
+        """Run ``fn(*args)`` on the loop and block until it returns."""
+        loop = self.loop
+        if not self.running:
+            raise OwnerLoopClosed(f"{self.name} has stopped")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise LoopAffinityError(f"{self.name}.run() called on its own thread would deadlock")
+
+        async def main() -> R:
+            return await fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(main(), loop).result()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop the loop, clean it up and join the thread (bounded by ``timeout``)."""
+        thread, loop = self._thread, self._loop
+        if thread is None or loop is None or not thread.is_alive():
+            return
+        if threading.current_thread() is thread:
+            raise LoopAffinityError(f"{self.name}.stop() called on its own thread")
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:  # already closed
+            pass
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"{self.name} did not stop within {timeout} s")
+
+    def __enter__(self) -> LoopThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())

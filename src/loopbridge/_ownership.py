@@ -1,0 +1,366 @@
+"""Ownership: which loop an object belongs to, and how its members may be used.
+
+An :class:`Ownership` record is attached to every loop-affine instance, either by
+the :func:`loop_affine` class decorator or by :func:`adopt` for classes we don't
+own.  It names the owner loop and the member *declarations* (``stable`` data that
+any thread may read, ``threadsafe`` sync members any thread may call).  Member
+*kinds* (async method, async generator, sync, ...) are derived from the class,
+never listed by hand, so a new member of the class is classified automatically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import inspect
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Iterable
+from typing import Any, Callable, TypeVar, overload
+
+from ._errors import LoopAffinityError, OwnerLoopClosed
+from ._ports import Port, get_running_loop, port_for_loop
+
+__all__ = [
+    "Ownership",
+    "MemberKind",
+    "loop_affine",
+    "adopt",
+    "owner_loop",
+    "transfer",
+    "ownership_of",
+    "classify",
+    "set_affinity_check",
+]
+
+T = TypeVar("T")
+C = TypeVar("C", bound=type)
+
+_ATTR = "__loopbridge_ownership__"
+_ORIGINAL = "__loopbridge_original__"
+
+
+class MemberKind(enum.Enum):
+    ASYNC = "async method"  # marshalled call
+    STREAM = "async generator"  # marshalled stream
+    STABLE = "stable"  # read directly from any thread (declared)
+    THREADSAFE = "thread-safe"  # called directly from any thread (declared)
+    CLASS_LEVEL = "class-level"  # staticmethod, classmethod, class constant
+    SYNC = "sync"  # refused through a proxy
+
+
+class Ownership:
+    """Owner loop plus member declarations of one instance."""
+
+    __slots__ = ("_loop", "_port", "stable", "threadsafe", "_lock", "name", "__weakref__")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        stable: frozenset[str],
+        threadsafe: frozenset[str],
+        name: str,
+    ) -> None:
+        self._loop = loop
+        self._port: Port | None = None
+        self.stable = stable
+        self.threadsafe = threadsafe
+        self._lock = threading.Lock()
+        self.name = name
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    def port(self) -> Port:
+        """The owner's port; raises if unbound or if the owner loop is gone."""
+        port = self._port
+        if port is not None and port.dead is None:
+            return port
+        loop = self._loop
+        if loop is None:
+            raise LoopAffinityError(
+                f"{self.name} has no owner loop: it was created while no event loop was "
+                "running. Call loopbridge.transfer(obj, loop) to give it one."
+            )
+        if port is not None and port.dead is not None and loop.is_closed():
+            raise OwnerLoopClosed(
+                f"the owner loop of {self.name} is closed; loopbridge.transfer(obj, loop) "
+                "moves the object to a running loop"
+            )
+        with self._lock:
+            if self._loop is loop:
+                self._port = port = port_for_loop(loop)
+        return port if port is not None else self.port()
+
+    def set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self._loop = loop
+            self._port = None
+
+
+# --------------------------------------------------------------------- lookup
+_foreign: weakref.WeakKeyDictionary[Any, Ownership] = weakref.WeakKeyDictionary()
+_foreign_by_id: dict[int, tuple[Any, Ownership]] = {}
+
+
+def ownership_of(obj: object) -> Ownership | None:
+    d = getattr(obj, "__dict__", None)
+    if d is not None:
+        own = d.get(_ATTR)
+        if own is not None:
+            return own  # type: ignore[no-any-return]
+    try:
+        return _foreign.get(obj)
+    except TypeError:
+        entry = _foreign_by_id.get(id(obj))
+        return entry[1] if entry is not None and entry[0] is obj else None
+
+
+def _attach(obj: object, own: Ownership) -> None:
+    d = getattr(obj, "__dict__", None)
+    if d is not None:
+        d[_ATTR] = own
+        return
+    try:
+        _foreign[obj] = own
+    except TypeError:
+        # Neither a __dict__ nor weak references: keep it alive with its record.
+        _foreign_by_id[id(obj)] = (obj, own)
+
+
+def _current_loop(loop: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop | None:
+    return loop if loop is not None else get_running_loop()
+
+
+# ---------------------------------------------------------- public functions
+def owner_loop(obj: object) -> asyncio.AbstractEventLoop | None:
+    """The loop that owns ``obj``, or ``None`` if it has none yet.
+
+    Raises :class:`LoopAffinityError` if ``obj`` is not loop-affine at all.
+    """
+    own = ownership_of(_unproxy(obj))
+    if own is None:
+        raise LoopAffinityError(
+            f"{type(obj).__qualname__} object is not loop-affine: decorate its class with "
+            "@loop_affine or declare the instance with loopbridge.adopt(obj)"
+        )
+    return own.loop
+
+
+def transfer(obj: object, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Bind ``obj`` to ``loop`` (default: the running loop), or move it there.
+
+    Typical use: a worker created outside any loop records its loop during
+    initialisation.  Calls already running on the old owner finish there; calls
+    submitted but not yet started are re-routed to the new owner when they reach
+    the old one, so a transfer never loses or misroutes a call.
+    """
+    own = ownership_of(_unproxy(obj))
+    if own is None:
+        raise LoopAffinityError(
+            f"{type(obj).__qualname__} object is not loop-affine; use adopt(obj, loop=...) first"
+        )
+    target = _current_loop(loop)
+    if target is None:
+        raise LoopAffinityError("transfer() needs a loop: pass one, or call it from a running loop")
+    if target.is_closed():
+        raise OwnerLoopClosed(f"cannot transfer to {target!r}: it is closed")
+    own.set_loop(target)
+
+
+def adopt(
+    obj: T,
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+    stable: Iterable[str] = (),
+    threadsafe: Iterable[str] = (),
+) -> T:
+    """Declare that an existing instance belongs to ``loop`` (default: the running loop).
+
+    This is :func:`loop_affine` for classes you don't own, such as vLLM's
+    ``AsyncLLM``.  ``stable`` names data members that any thread may read (set once
+    at setup); ``threadsafe`` names sync members that any thread may call.
+    Returns ``obj`` itself, unchanged.
+    """
+    if ownership_of(obj) is not None:
+        raise LoopAffinityError(
+            f"{type(obj).__qualname__} object is already loop-affine; "
+            "use loopbridge.transfer() to change its owner"
+        )
+    own = Ownership(
+        _current_loop(loop),
+        frozenset(stable) | _class_spec(type(obj))[0],
+        frozenset(threadsafe) | _class_spec(type(obj))[1],
+        f"{type(obj).__qualname__} object",
+    )
+    _attach(obj, own)
+    return obj
+
+
+def _class_spec(cls: type) -> tuple[frozenset[str], frozenset[str]]:
+    spec = cls.__dict__.get("__loopbridge_spec__")
+    if spec is None:
+        for base in cls.__mro__[1:]:
+            spec = base.__dict__.get("__loopbridge_spec__")
+            if spec is not None:
+                break
+    return spec if spec is not None else (frozenset(), frozenset())
+
+
+@overload
+def loop_affine(cls: C, /) -> C: ...
+
+
+@overload
+def loop_affine(
+    *, stable: Iterable[str] = (), threadsafe: Iterable[str] = ()
+) -> Callable[[C], C]: ...
+
+
+def loop_affine(
+    cls: C | None = None,
+    /,
+    *,
+    stable: Iterable[str] = (),
+    threadsafe: Iterable[str] = (),
+) -> C | Callable[[C], C]:
+    """Class decorator: each instance belongs to the loop running at construction.
+
+    An instance created while no loop runs has no owner until
+    :func:`transfer` gives it one.  Direct calls of its async members from a loop
+    that doesn't own it raise :class:`LoopAffinityError` (see
+    :func:`set_affinity_check`); use :func:`proxy` to call it from anywhere.
+    """
+    stable_set, threadsafe_set = frozenset(stable), frozenset(threadsafe)
+
+    def decorate(klass: C) -> C:
+        base_stable, base_threadsafe = _class_spec(klass)
+        klass.__loopbridge_spec__ = (  # type: ignore[attr-defined]
+            base_stable | stable_set,
+            base_threadsafe | threadsafe_set,
+        )
+        original_init = klass.__init__
+
+        @functools.wraps(original_init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if ownership_of(self) is None:
+                s, t = _class_spec(type(self))
+                _attach(self, Ownership(get_running_loop(), s, t, f"{type(self).__qualname__} object"))
+            original_init(self, *args, **kwargs)
+
+        klass.__init__ = __init__  # type: ignore[misc]
+        for name, value in list(vars(klass).items()):
+            if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value):
+                setattr(klass, name, _guarded(value))
+        return klass
+
+    if cls is not None:
+        return decorate(cls)
+    return decorate
+
+
+# ---------------------------------------------------- always-on ownership check
+class _Policy:
+    mode = os.environ.get("LOOPBRIDGE_AFFINITY_CHECK", "raise")
+
+
+def set_affinity_check(mode: str) -> str:
+    """Set what a direct cross-loop call of a ``@loop_affine`` async member does.
+
+    ``"raise"`` (default) raises :class:`LoopAffinityError`, ``"warn"`` issues a
+    ``RuntimeWarning`` and proceeds, ``"off"`` skips the check.  Returns the previous
+    mode.  The environment variable ``LOOPBRIDGE_AFFINITY_CHECK`` sets the initial mode.
+    """
+    if mode not in ("raise", "warn", "off"):
+        raise ValueError(f"affinity check mode must be 'raise', 'warn' or 'off', not {mode!r}")
+    old, _Policy.mode = _Policy.mode, mode
+    return old
+
+
+def _affinity_violation(self: Any, fn: Callable[..., Any], loop: Any, owner: Any) -> None:
+    msg = (
+        f"{type(self).__qualname__}.{fn.__name__}() called from {loop!r}, but the object "
+        f"belongs to {owner!r}. Call it through loopbridge.proxy(obj) instead, which runs "
+        "it on the owner loop."
+    )
+    if _Policy.mode == "raise":
+        raise LoopAffinityError(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an async member so direct use from a foreign loop is caught at the call site."""
+
+    @functools.wraps(fn)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        own = self.__dict__.get(_ATTR)
+        if own is not None:
+            owner = own._loop
+            if owner is not None:
+                loop = get_running_loop()
+                if loop is not owner and loop is not None and _Policy.mode != "off":
+                    _affinity_violation(self, fn, loop, owner)
+        return fn(self, *args, **kwargs)
+
+    setattr(guarded, _ORIGINAL, fn)
+    mark = getattr(inspect, "markcoroutinefunction", None)
+    if mark is not None and inspect.iscoroutinefunction(fn):
+        mark(guarded)
+    elif inspect.iscoroutinefunction(fn):
+        guarded._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+    return guarded
+
+
+def original(fn: Any) -> Any:
+    return getattr(fn, _ORIGINAL, fn)
+
+
+# ---------------------------------------------------------- classification
+_AWAITABLE_DUNDERS = frozenset({"__aenter__", "__aexit__"})
+
+
+def classify(cls: type, own: Ownership) -> dict[str, tuple[MemberKind, Any]]:
+    """Every member of ``cls`` (MRO order, first definition wins) with its kind.
+
+    Returns ``{name: (kind, raw)}`` where ``raw`` is the unwrapped function for
+    async members and the class attribute otherwise.
+    """
+    out: dict[str, tuple[MemberKind, Any]] = {}
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        for name, raw in vars(klass).items():
+            if name in out:
+                continue
+            if name.startswith("__") and name.endswith("__") and name not in _AWAITABLE_DUNDERS:
+                continue
+            out[name] = (_kind(name, raw, own), raw)
+    return out
+
+
+def _kind(name: str, raw: Any, own: Ownership) -> tuple[MemberKind, Any] | Any:
+    fn = original(raw)
+    if name in own.stable:
+        return MemberKind.STABLE
+    if name in own.threadsafe:
+        return MemberKind.THREADSAFE
+    if isinstance(raw, (staticmethod, classmethod)):
+        return MemberKind.CLASS_LEVEL
+    if inspect.isasyncgenfunction(fn):
+        return MemberKind.STREAM
+    if inspect.iscoroutinefunction(fn):
+        return MemberKind.ASYNC
+    if inspect.isfunction(fn) or hasattr(raw, "__get__"):
+        return MemberKind.SYNC
+    return MemberKind.CLASS_LEVEL
+
+
+def _unproxy(obj: object) -> object:
+    target = getattr(type(obj), "__loopbridge_proxy__", False)
+    if target:
+        return object.__getattribute__(obj, "_lb_target")
+    return obj

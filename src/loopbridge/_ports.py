@@ -1,0 +1,291 @@
+"""Ports: the one thread-safe doorway into each event loop.
+
+Every loop that loopbridge talks to (as owner or as caller) gets exactly one
+:class:`Port`.  Other threads *post* work into the port's inbox; the port wakes its
+loop at most once per batch, and a single drain callback on that loop runs
+everything queued.  This is what turns "one cross-thread wake-up per call" into
+"one wake-up per batch of calls".
+
+Two rules keep wake-ups rare without ever losing one (both rely on the GIL making
+``deque.append``/``popleft`` and attribute reads and writes atomic and ordered):
+
+* the poster appends *before* it tests ``_wake_pending``;
+* the drain clears ``_wake_pending`` *before* it pops.
+
+So an item is either popped by a drain that is already scheduled, or its poster
+sees the flag down and schedules a new one.  At worst a drain finds nothing.
+
+When the poster is itself running inside a loop with more ready work, the wake is
+deferred to the end of that loop's current iteration: on stock asyncio
+``call_soon_threadsafe`` writes to a socket and gives up the GIL, so waking
+immediately lets the other loop start draining a half-built batch.
+
+Ports also track every call and stream in flight towards their loop, so that when
+the loop stops or closes each of them can be failed with
+:class:`~loopbridge.OwnerLoopClosed` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections import deque
+from typing import Any, Callable, Protocol
+
+from ._errors import OwnerLoopClosed
+
+__all__ = ["Port", "InFlight", "port_for_loop", "running_port", "get_running_loop"]
+
+# C-accelerated and returns None instead of raising: the cheapest "which loop am I on".
+get_running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_running_loop
+
+#: How often waiting callers check that the owner loop is still alive (seconds).
+LIVENESS_INTERVAL = 0.05
+#: A loop seen stopped on this many consecutive checks counts as dead.
+STOPPED_CHECKS = 2
+
+
+class InFlight(Protocol):
+    """A call or stream registered with the port of the loop it runs on."""
+
+    def owner_died(self, exc: BaseException) -> None:
+        """Fail this operation because its owner loop is gone (any thread)."""
+
+    def describe(self) -> dict[str, Any]:
+        """A snapshot for hang diagnosis."""
+
+
+class Port:
+    """The thread-safe inbox of one event loop (asyncio, uvloop or trio)."""
+
+    __slots__ = (
+        "loop",
+        "label",
+        "_inbox",
+        "_wake_pending",
+        "_schedule_threadsafe",
+        "_ready",
+        "_outgoing",
+        "_flush_pending",
+        "inflight",
+        "dead",
+        "ran",
+        "_stopped_checks",
+        "_keeper",
+        "_watched",
+        "_watch_handle",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        loop: Any,
+        schedule_threadsafe: Callable[[Callable[[], None]], Any],
+        label: str,
+    ) -> None:
+        self.loop = loop
+        self.label = label
+        self._inbox: deque[tuple[Callable[[Any], None], Any]] = deque()
+        self._wake_pending = False
+        self._schedule_threadsafe = schedule_threadsafe
+        # Stock asyncio exposes its ready queue; its length tells whether the
+        # loop has more work in this iteration (then deferring a wake pays).
+        self._ready: deque[Any] | None = getattr(loop, "_ready", None)
+        self._outgoing: list[Port] = []
+        self._flush_pending = False
+        self.inflight: dict[InFlight, None] = {}
+        self.dead: BaseException | None = None
+        self.ran = False
+        self._stopped_checks = 0
+        self._keeper: asyncio.Task[None] | None = None
+        # Owner ports that callers on *this* loop are waiting on -> count.
+        self._watched: dict[Port, int] = {}
+        self._watch_handle: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"<Port {self.label}{' dead' if self.dead else ''}>"
+
+    # ------------------------------------------------------------------ posting
+    def post(self, fn: Callable[[Any], None], arg: Any) -> None:
+        """Run ``fn(arg)`` on this port's loop soon.  Safe from any thread."""
+        self._inbox.append((fn, arg))
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wake()
+
+    def _wake(self) -> None:
+        here = get_running_loop()
+        if here is not None and here is not self.loop:
+            src = _ports.get(here)
+            if src is not None and src._ready:
+                # More work is ready on the posting loop: send one wake at the
+                # end of its iteration, for everything posted meanwhile.
+                src._outgoing.append(self)
+                if not src._flush_pending:
+                    src._flush_pending = True
+                    here.call_soon(src._flush)
+                return
+        self._send_wake()
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        outgoing, self._outgoing = self._outgoing, []
+        for port in outgoing:
+            port._send_wake()
+
+    def _send_wake(self) -> None:
+        try:
+            self._schedule_threadsafe(self._drain)
+        except Exception as exc:  # closed asyncio loop, finished trio run
+            self.die(OwnerLoopClosed(f"{self.label} is closed ({exc})"))
+
+    def _drain(self) -> None:
+        self._wake_pending = False
+        self.ran = True
+        inbox = self._inbox
+        for _ in range(len(inbox)):
+            fn, arg = inbox.popleft()
+            try:
+                fn(arg)
+            except BaseException as exc:  # never lose the rest of the batch
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                handler = getattr(self.loop, "call_exception_handler", None)
+                if handler is not None:
+                    handler({"message": "loopbridge: error in a posted callback", "exception": exc})
+
+    # ---------------------------------------------------------------- in flight
+    def submit(self, op: InFlight, start: Callable[[Any], None]) -> None:
+        """Register ``op`` as in flight towards this loop and post its start."""
+        if self.dead is not None:
+            raise _fresh(self.dead)
+        self.inflight[op] = None
+        self.post(start, op)
+        if self.dead is not None:  # died while we were posting
+            self.inflight.pop(op, None)
+            raise _fresh(self.dead)
+
+    def done(self, op: InFlight) -> None:
+        self.inflight.pop(op, None)
+
+    # ----------------------------------------------------------------- liveness
+    def check_alive(self) -> bool:
+        """Detect a stopped or closed loop; fail everything in flight if so."""
+        if self.dead is not None:
+            return False
+        loop = self.loop
+        is_closed = getattr(loop, "is_closed", None)
+        if is_closed is not None:
+            if is_closed():
+                self.die(OwnerLoopClosed(f"{self.label} was closed"))
+                return False
+            if loop.is_running():
+                self._stopped_checks = 0
+            elif self.ran:
+                self._stopped_checks += 1
+                if self._stopped_checks >= STOPPED_CHECKS:
+                    self.die(OwnerLoopClosed(f"{self.label} stopped running"))
+                    return False
+        return True
+
+    def die(self, exc: BaseException) -> None:
+        """Mark the loop gone and fail every operation in flight towards it."""
+        if self.dead is not None:
+            return
+        self.dead = exc
+        with _registry_lock:
+            if _ports.get(self.loop) is self:
+                del _ports[self.loop]
+        for op in list(self.inflight):
+            self.inflight.pop(op, None)
+            try:
+                op.owner_died(_fresh(exc))
+            except Exception:  # pragma: no cover - defensive: keep failing the rest
+                pass
+
+    # -------------------------------------------------- caller-side watchdog
+    def watch(self, owner: Port) -> None:
+        """A caller on this (asyncio) loop now waits on ``owner``.  Loop thread only."""
+        n = self._watched.get(owner, 0)
+        self._watched[owner] = n + 1
+        if self._watch_handle is None:
+            self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
+
+    def unwatch(self, owner: Port) -> None:
+        n = self._watched.get(owner, 0) - 1
+        if n > 0:
+            self._watched[owner] = n
+        else:
+            self._watched.pop(owner, None)
+
+    def _check_watched(self) -> None:
+        self._watch_handle = None
+        for owner in list(self._watched):
+            owner.check_alive()
+        if self._watched:
+            self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
+
+    # ------------------------------------------------------------ the keeper
+    def _start_keeper(self, _: object = None) -> None:
+        """A task that notices when the loop shuts down (asyncio.run, LoopThread.stop)."""
+        if self._keeper is None and self.dead is None:
+            self.ran = True
+            self._keeper = self.loop.create_task(self._keep(), name="loopbridge-keeper")
+
+    async def _keep(self) -> None:
+        try:
+            await self.loop.create_future()
+        except asyncio.CancelledError:
+            # Loop shutdown cancels every task in one sweep.  Owner-side tasks
+            # that were cancelled in the same sweep look at this flag (one
+            # iteration later) to report OwnerLoopClosed rather than a cancel.
+            self.die(OwnerLoopClosed(f"{self.label} is shutting down"))
+            raise
+
+    def shutting_down(self) -> bool:
+        keeper = self._keeper
+        return self.dead is not None or (keeper is not None and keeper.done())
+
+
+def _fresh(exc: BaseException) -> BaseException:
+    """A new instance per waiter: exceptions carry tracebacks and must not be shared."""
+    return type(exc)(*exc.args)
+
+
+_registry_lock = threading.Lock()
+_ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
+
+
+def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
+    """The port of an asyncio loop, created on first use (any thread)."""
+    port = _ports.get(loop)
+    if port is not None:
+        return port
+    if loop.is_closed():
+        raise OwnerLoopClosed(f"{loop!r} is closed")
+    with _registry_lock:
+        port = _ports.get(loop)
+        if port is None:
+            port = Port(loop, loop.call_soon_threadsafe, _loop_label(loop))
+            _ports[loop] = port
+            created = True
+        else:
+            created = False
+    if created:
+        if get_running_loop() is loop:
+            port._start_keeper()
+        else:
+            port.post(port._start_keeper, None)
+    return port
+
+
+def running_port(loop: asyncio.AbstractEventLoop) -> Port:
+    """Fast path for the caller's own (running) loop."""
+    port = _ports.get(loop)
+    return port if port is not None else port_for_loop(loop)
+
+
+def _loop_label(loop: Any) -> str:
+    kind = type(loop).__module__.split(".")[0]
+    return f"{kind} loop 0x{id(loop):x}"

@@ -1,0 +1,327 @@
+"""The two faces of a loop-affine object: ``proxy`` (awaitable) and ``blocking``.
+
+``proxy(obj)`` returns an instance of a generated subclass of ``type(obj)`` whose
+every member is replaced by a marshalling or refusing one, so
+``isinstance(p, type(obj))`` holds and abstract base classes (vLLM's
+``EngineClient``) accept it.  The proxy never runs the base class's ``__init__``
+or ``__del__``.  Member kinds come from :func:`~loopbridge._ownership.classify`;
+generated classes are cached per (class, declarations).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+from ._calls import call_from_loop, call_from_thread, call_from_trio
+from ._errors import LoopAffinityError
+from ._metrics import TOTAL, Stats
+from ._ownership import MemberKind, Ownership, classify, original, ownership_of
+from ._ports import get_running_loop
+from ._streams import BlockingStream, Channel, RemoteStream
+from ._trio import current_library
+
+__all__ = ["proxy", "blocking", "Blocking", "stats_of", "DEFAULT_WINDOW", "DEFAULT_GRACE"]
+
+T = TypeVar("T")
+
+DEFAULT_WINDOW = 256
+DEFAULT_GRACE = 5.0
+
+_SLOTS = ("_lb_target", "_lb_own", "_lb_window", "_lb_grace", "_lb_stats")
+
+
+# ------------------------------------------------------------ member factories
+def _async_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    what = f"{fn.__qualname__}()"
+
+    def member(self: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = get_running_loop()
+        if loop is self._lb_own._loop and loop is not None:
+            return fn(self._lb_target, *args, **kwargs)  # same loop: straight through
+        return _dispatch(self, fn, (self._lb_target, *args), kwargs, what)
+
+    member.__name__ = name
+    member.__qualname__ = fn.__qualname__
+    member.__doc__ = fn.__doc__
+    member.__wrapped__ = fn  # type: ignore[attr-defined]
+    return member
+
+
+async def _dispatch(
+    self: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> Any:
+    """Decide the caller kind when the coroutine runs, not when it is created."""
+    own: Ownership = self._lb_own
+    stats: Stats = self._lb_stats
+    grace: float = self._lb_grace
+    loop = get_running_loop()
+    if loop is not None:
+        if loop is own._loop:
+            return await fn(*args, **kwargs)
+        return await call_from_loop(loop, fn, args, kwargs, what, own, stats, grace)
+    if current_library() == "trio":
+        return await call_from_trio(fn, args, kwargs, what, own, stats, grace)
+    raise LoopAffinityError(
+        f"awaiting {what} through a proxy needs a running asyncio loop or trio"
+    )
+
+
+def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    what = f"{fn.__qualname__}()"
+
+    def member(self: Any, *args: Any, **kwargs: Any) -> Any:
+        own: Ownership = self._lb_own
+        target = self._lb_target
+        loop = get_running_loop()
+        if loop is own._loop and loop is not None:
+            return fn(target, *args, **kwargs)  # same loop: the real generator
+        ch = Channel(fn, (target, *args), kwargs, what, own, self._lb_window, self._lb_stats)
+        return RemoteStream(ch, self._lb_grace)
+
+    member.__name__ = name
+    member.__qualname__ = fn.__qualname__
+    member.__doc__ = fn.__doc__
+    member.__wrapped__ = fn  # type: ignore[attr-defined]
+    return member
+
+
+class _Passthrough:
+    """A declared stable / thread-safe member: read from the target directly."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(object.__getattribute__(obj, "_lb_target"), self.name)
+
+
+class _Refused:
+    """A sync member nobody declared safe: touching it through a proxy is an error."""
+
+    __slots__ = ("name", "owner_name")
+
+    def __init__(self, name: str, owner_name: str) -> None:
+        self.name = name
+        self.owner_name = owner_name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        raise _refusal(self.owner_name, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise _refusal(self.owner_name, self.name)
+
+
+def _refusal(cls_name: str, name: str) -> LoopAffinityError:
+    return LoopAffinityError(
+        f"{cls_name}.{name} is a sync member and is not declared safe from other threads, so "
+        "the proxy refuses it. If it is set once at setup and only read, declare it "
+        f"stable=({name!r},); if it may be called from any thread, declare it "
+        f"threadsafe=({name!r},) (in @loop_affine(...) or adopt(...))."
+    )
+
+
+# --------------------------------------------------------------- proxy class
+_cache: dict[tuple[type, frozenset[str], frozenset[str]], type] = {}
+_cache_lock = threading.Lock()
+
+
+def _proxy_class(cls: type, own: Ownership) -> type:
+    key = (cls, own.stable, own.threadsafe)
+    pcls = _cache.get(key)
+    if pcls is not None:
+        return pcls
+    ns: dict[str, Any] = {"__slots__": _SLOTS, "__loopbridge_proxy__": True}
+    for name, (kind, raw) in classify(cls, own).items():
+        if kind is MemberKind.ASYNC:
+            ns[name] = _async_member(name, original(raw))
+        elif kind is MemberKind.STREAM:
+            ns[name] = _stream_member(name, original(raw))
+        elif kind in (MemberKind.STABLE, MemberKind.THREADSAFE):
+            ns[name] = _Passthrough(name)
+        elif kind is MemberKind.SYNC:
+            ns[name] = _Refused(name, cls.__qualname__)
+        # CLASS_LEVEL: inherited as is.
+    ns["__getattr__"] = _instance_attr
+    ns["__setattr__"] = _no_setattr
+    ns["__delattr__"] = _no_setattr
+    ns["__repr__"] = _repr
+    ns["__del__"] = _no_del
+    ns["__init__"] = _no_init
+    ns["__reduce__"] = _no_reduce
+    try:
+        pcls = type(cls)(f"{cls.__name__}Proxy", (cls,), ns)
+    except TypeError:
+        # Not subclassable (final, C layout, slot conflicts): a plain proxy class.
+        ns["__slots__"] = _SLOTS
+        pcls = type(f"{cls.__name__}Proxy", (), ns)
+    pcls.__module__ = cls.__module__
+    pcls.__qualname__ = f"{cls.__qualname__}Proxy"
+    with _cache_lock:
+        _cache.setdefault(key, pcls)
+    return _cache[key]
+
+
+def _instance_attr(self: Any, name: str) -> Any:
+    """Instance attributes (set in ``__init__``) that no class member describes."""
+    get = object.__getattribute__
+    own: Ownership = get(self, "_lb_own")
+    target = get(self, "_lb_target")
+    if name in own.stable or name in own.threadsafe:
+        return getattr(target, name)
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(name)
+    if not hasattr(target, name):
+        raise AttributeError(f"{type(target).__qualname__!r} object has no attribute {name!r}")
+    raise _refusal(type(target).__qualname__, name)
+
+
+def _no_setattr(self: Any, name: str, value: Any = None) -> None:
+    raise LoopAffinityError(
+        f"cannot set or delete {name!r} through a proxy: state of a loop-affine object "
+        "changes only on its owner loop (call an async method that does it)"
+    )
+
+
+def _repr(self: Any) -> str:
+    get = object.__getattribute__
+    own: Ownership = get(self, "_lb_own")
+    return f"<loopbridge proxy of {get(self, '_lb_target')!r} owned by {own.loop!r}>"
+
+
+def _no_del(self: Any) -> None:
+    pass  # the proxy owns nothing; the target's __del__ is the target's business
+
+
+def _no_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    raise TypeError("create proxies with loopbridge.proxy(obj)")
+
+
+def _no_reduce(self: Any) -> Any:
+    raise TypeError("a loopbridge proxy cannot be pickled: proxy the object in the other process")
+
+
+def proxy(
+    obj: T,
+    *,
+    stream_window: int = DEFAULT_WINDOW,
+    cancel_grace: float = DEFAULT_GRACE,
+) -> T:
+    """A view of ``obj`` that is safe to use from any thread or event loop.
+
+    * Async methods run on the owner loop; awaiting them from another asyncio loop
+      (uvloop included) or from trio (e.g. through anyio) returns their result or
+      raises their exception.  On the owner loop itself they are called directly.
+    * Async generator methods run on the owner loop; their items stream to the
+      consumer with back-pressure (at most ``stream_window`` items ahead).
+    * Members declared ``stable`` or ``threadsafe`` are used directly.
+    * Any other sync member raises :class:`LoopAffinityError`.
+
+    If the caller is cancelled, the owner-side work is cancelled with the same
+    message and the caller waits up to ``cancel_grace`` seconds for its cleanup.
+    """
+    if getattr(type(obj), "__loopbridge_proxy__", False):
+        return obj
+    own = ownership_of(obj)
+    if own is None:
+        raise LoopAffinityError(
+            f"{type(obj).__qualname__} object is not loop-affine: decorate its class with "
+            "@loop_affine, or declare the instance with loopbridge.adopt(obj, loop=...)"
+        )
+    if stream_window < 1:
+        raise ValueError(f"stream_window must be at least 1, not {stream_window}")
+    if cancel_grace < 0:
+        raise ValueError(f"cancel_grace must not be negative, not {cancel_grace}")
+    pcls = _proxy_class(type(obj), own)
+    p = object.__new__(pcls)
+    setattr_ = object.__setattr__
+    setattr_(p, "_lb_target", obj)
+    setattr_(p, "_lb_own", own)
+    setattr_(p, "_lb_window", stream_window)
+    setattr_(p, "_lb_grace", cancel_grace)
+    setattr_(p, "_lb_stats", Stats(f"{type(obj).__qualname__}@0x{id(obj):x}", TOTAL))
+    return p
+
+
+def stats_of(p: object) -> Stats:
+    """The metrics of one proxy."""
+    if not getattr(type(p), "__loopbridge_proxy__", False):
+        raise TypeError(f"expected a loopbridge proxy, got {type(p).__qualname__}")
+    return object.__getattribute__(p, "_lb_stats")  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------- blocking face
+class Blocking(Generic[T]):
+    """The face of a loop-affine object for plain threads.
+
+    Async methods become blocking calls; async generator methods become blocking
+    iterators (use them in a ``with`` block, or exhaust them, to close promptly).
+    Declared stable and thread-safe members are used directly.  Only the calling
+    thread blocks; using it on the owner loop's thread raises instead of
+    deadlocking.
+    """
+
+    __slots__ = ("_lb_proxy", "_lb_members")
+
+    def __init__(self, p: T) -> None:
+        object.__setattr__(self, "_lb_proxy", p)
+        object.__setattr__(self, "_lb_members", {})
+
+    def __getattr__(self, name: str) -> Any:
+        get = object.__getattribute__
+        p = get(self, "_lb_proxy")
+        members: dict[str, Any] = get(self, "_lb_members")
+        member = members.get(name)
+        if member is not None:
+            return member
+        pcls = type(p)
+        raw = getattr(pcls, name, None)
+        fn = getattr(raw, "__wrapped__", None)
+        own: Ownership = object.__getattribute__(p, "_lb_own")
+        target = object.__getattribute__(p, "_lb_target")
+        stats: Stats = object.__getattribute__(p, "_lb_stats")
+        grace: float = object.__getattribute__(p, "_lb_grace")
+        window: int = object.__getattribute__(p, "_lb_window")
+        if fn is not None and raw is not None and raw.__code__ is _ASYNC_CODE:
+            what = f"{fn.__qualname__}()"
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return call_from_thread(fn, (target, *args), kwargs, what, own, stats, grace)
+
+            member = call
+        elif fn is not None and raw is not None and raw.__code__ is _STREAM_CODE:
+            what = f"{fn.__qualname__}()"
+
+            def iterate(*args: Any, **kwargs: Any) -> Any:
+                ch = Channel(fn, (target, *args), kwargs, what, own, window, stats)
+                return BlockingStream(ch, grace)
+
+            member = iterate
+        else:
+            return getattr(p, name)  # passthrough, or the proxy's own refusal
+        member.__name__ = name
+        members[name] = member
+        return member
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _no_setattr(self, name)
+
+    def __repr__(self) -> str:
+        return f"<loopbridge blocking face of {object.__getattribute__(self, '_lb_proxy')!r}>"
+
+
+_ASYNC_CODE = _async_member("x", lambda: None).__code__
+_STREAM_CODE = _stream_member("x", lambda: None).__code__
+
+
+def blocking(p: T) -> Blocking[T]:
+    """The blocking face of a proxy (or of a loop-affine object) for plain threads."""
+    if not getattr(type(p), "__loopbridge_proxy__", False):
+        p = proxy(p)
+    return Blocking(p)

@@ -1,0 +1,1 @@
+"""pytest plugin for loopbridge (extended by the sanitizer)."""

@@ -1,0 +1,40 @@
+"""Real vLLM on CPU: one tiny model, few engine start-ups, shared by the tests.
+
+Every test here runs the real ``AsyncLLM`` with its spawned EngineCore process
+(only the forward pass is faked, see ``loopbridge_vllm.cpu_engine``). Starting
+an engine costs 7-15 s, so engines are session-scoped and shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllm_engines import CACHE, OwnerThread, start_engine, stop_engine
+
+from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
+
+# Before anything imports vLLM: CPU platform, caches inside the work tree.
+cpu_engine_env(CACHE / "vllm")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.vllm)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return build_tiny_model(CACHE / "tiny-model")
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tiny_model: Path) -> Iterator[tuple[OwnerThread, Any]]:
+    """The engine most tests share, owned by a loop on its own thread."""
+    owner, llm = start_engine(tiny_model, "engine-owner")
+    yield owner, llm
+    stop_engine(owner, llm)
