@@ -13,9 +13,20 @@ from ._loop_thread import LoopThread
 from ._metrics import snapshot as metrics_snapshot
 from ._ownership import adopt, loop_affine, owner_loop, set_affinity_check, transfer
 from ._proxy import Blocking, blocking, proxy, stats_of
+from ._sanitizer import SanitizerError, SanitizerReport, SanitizerWarning, sanitize
+from ._sanitizer import install as install_sanitizer
+from ._sanitizer import uninstall as uninstall_sanitizer
+from ._streams import BlockingStream
 
 __all__ = [
     "Blocking",
+    "BlockingStream",
+    "SanitizerError",
+    "SanitizerReport",
+    "SanitizerWarning",
+    "install_sanitizer",
+    "sanitize",
+    "uninstall_sanitizer",
     "LoopAffinityError",
     "LoopThread",
     "OwnerLoopClosed",
@@ -29,3 +40,9 @@ __all__ = [
     "stats_of",
     "transfer",
 ]
+
+# LOOPBRIDGE_SANITIZE=raise|warn|log turns the sanitizer on for the whole process
+# (and its Python children); unset, nothing is patched.
+from . import _sanitizer as _san  # noqa: E402
+
+_san.install_from_env()

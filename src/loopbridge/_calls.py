@@ -26,11 +26,14 @@ import contextvars
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._errors import LoopAffinityError
 from ._metrics import Stats
 from ._ports import LIVENESS_INTERVAL, Port, get_running_loop, running_port
+
+if TYPE_CHECKING:
+    import trio
 
 __all__ = ["Call", "call_from_loop", "call_from_thread", "call_from_trio", "annotate"]
 
@@ -48,7 +51,12 @@ def annotate(exc: BaseException, what: str, owner: Port) -> None:
     if _PY311:
         exc.add_note(note)
     else:  # pragma: no cover - 3.10
-        exc.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined]
+        exc.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined, unused-ignore]
+
+
+def _thread_name(ident: int) -> str:
+    thread = threading._active.get(ident)  # type: ignore[attr-defined, unused-ignore]
+    return thread.name if thread is not None else f"thread {ident}"
 
 
 class Call:
@@ -98,11 +106,13 @@ class Call:
         self.t_submit = _perf()
         self.t_start = 0.0
         self.t_end = 0.0
-        self.submitted_from = threading.current_thread().name
+        self.submitted_from = threading.get_ident()
 
     # -- owner side ---------------------------------------------------------
     def submit(self) -> None:
-        owner = self.own.port()
+        owner = self.own._port
+        if owner is None or owner.dead is not None:
+            owner = self.own.port()
         self.owner = owner
         self.stats.submitted()
         try:
@@ -134,7 +144,7 @@ class Call:
             "what": self.what,
             "caller": self.caller_label(),
             "owner": self.owner.label if self.owner else None,
-            "submitted_from_thread": self.submitted_from,
+            "submitted_from_thread": _thread_name(self.submitted_from),
             "waiting_s": round(now - self.t_submit, 6),
             "running_s": round(now - self.t_start, 6) if self.t_start else None,
             "started": bool(self.t_start),
@@ -230,6 +240,8 @@ def _cancel_on_owner(arg: tuple[Call, str | None]) -> None:
 # ------------------------------------------------------------ asyncio caller
 class LoopCall(Call):
     __slots__ = ("waiter", "caller")
+    waiter: asyncio.Future[Any]
+    caller: Port
 
     def deliver(self) -> None:
         self.caller.post(_resolve_loop_call, self)
@@ -239,7 +251,6 @@ class LoopCall(Call):
 
 
 def _resolve_loop_call(call: LoopCall) -> None:
-    call.caller.unwatch(call.owner)  # type: ignore[arg-type]
     fut = call.waiter
     if fut.done():
         return
@@ -279,6 +290,7 @@ async def call_from_loop(
         if not call.state:
             await _cancel_and_wait(call, loop, exc.args[0] if exc.args else None, grace)
         raise
+    stats.returned_after(_perf() - call.t_end)
     return call.unwrap()
 
 
@@ -307,12 +319,13 @@ async def _cancel_and_wait(
 # ------------------------------------------------------------ thread caller
 class ThreadCall(Call):
     __slots__ = ("lock",)
+    lock: threading.Lock
 
     def deliver(self) -> None:
         self.lock.release()
 
     def caller_label(self) -> str:
-        return f"thread {self.submitted_from}"
+        return _thread_name(self.submitted_from)
 
 
 def call_from_thread(
@@ -356,6 +369,8 @@ def call_from_thread(
 # -------------------------------------------------------------- trio caller
 class TrioCall(Call):
     __slots__ = ("event", "caller")
+    event: trio.Event
+    caller: Port
 
     def deliver(self) -> None:
         self.caller.post(_set_trio_event, self)

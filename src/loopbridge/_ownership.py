@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from typing import Any, Callable, TypeVar, overload
 
 from ._errors import LoopAffinityError, OwnerLoopClosed
-from ._ports import Port, get_running_loop, port_for_loop
+from ._metrics import Stats
+from ._ports import Port, get_running_loop, port_for_loop, rearm
 
 __all__ = [
     "Ownership",
@@ -55,7 +56,7 @@ class MemberKind(enum.Enum):
 class Ownership:
     """Owner loop plus member declarations of one instance."""
 
-    __slots__ = ("_loop", "_port", "stable", "threadsafe", "_lock", "name", "__weakref__")
+    __slots__ = ("_loop", "_port", "stable", "threadsafe", "_lock", "name", "stats", "__weakref__")
 
     def __init__(
         self,
@@ -70,6 +71,7 @@ class Ownership:
         self.threadsafe = threadsafe
         self._lock = threading.Lock()
         self.name = name
+        self.stats = Stats(name)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -86,14 +88,15 @@ class Ownership:
                 f"{self.name} has no owner loop: it was created while no event loop was "
                 "running. Call loopbridge.transfer(obj, loop) to give it one."
             )
-        if port is not None and port.dead is not None and loop.is_closed():
-            raise OwnerLoopClosed(
-                f"the owner loop of {self.name} is closed; loopbridge.transfer(obj, loop) "
-                "moves the object to a running loop"
-            )
         with self._lock:
             if self._loop is loop:
-                self._port = port = port_for_loop(loop)
+                try:
+                    self._port = port = port_for_loop(loop)
+                except OwnerLoopClosed as exc:
+                    raise OwnerLoopClosed(
+                        f"the owner loop of {self.name} is gone ({exc}); "
+                        "loopbridge.transfer(obj, loop) moves the object to a running loop"
+                    ) from None
         return port if port is not None else self.port()
 
     def set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -169,6 +172,7 @@ def transfer(obj: object, loop: asyncio.AbstractEventLoop | None = None) -> None
         raise LoopAffinityError("transfer() needs a loop: pass one, or call it from a running loop")
     if target.is_closed():
         raise OwnerLoopClosed(f"cannot transfer to {target!r}: it is closed")
+    rearm(target)
     own.set_loop(target)
 
 
@@ -243,7 +247,8 @@ def loop_affine(
             base_stable | stable_set,
             base_threadsafe | threadsafe_set,
         )
-        original_init = klass.__init__
+        # mypy flags reading __init__ off a class object; this is the class's own one.
+        original_init = klass.__init__  # type: ignore[misc, unused-ignore]
 
         @functools.wraps(original_init)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -342,7 +347,7 @@ def classify(cls: type, own: Ownership) -> dict[str, tuple[MemberKind, Any]]:
     return out
 
 
-def _kind(name: str, raw: Any, own: Ownership) -> tuple[MemberKind, Any] | Any:
+def _kind(name: str, raw: Any, own: Ownership) -> MemberKind:
     fn = original(raw)
     if name in own.stable:
         return MemberKind.STABLE

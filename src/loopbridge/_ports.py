@@ -35,7 +35,7 @@ from typing import Any, Callable, Protocol
 
 from ._errors import OwnerLoopClosed
 
-__all__ = ["Port", "InFlight", "port_for_loop", "running_port", "get_running_loop"]
+__all__ = ["Port", "InFlight", "port_for_loop", "running_port", "get_running_loop", "rearm"]
 
 # C-accelerated and returns None instead of raising: the cheapest "which loop am I on".
 get_running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_running_loop
@@ -194,6 +194,12 @@ class Port:
         if self.dead is not None:
             return
         self.dead = exc
+        # The loop stays retired (new calls fail at once) until an explicit
+        # transfer() to it re-arms it.
+        try:
+            _retired.add(self.loop)
+        except TypeError:  # pragma: no cover - a loop without weak references
+            pass
         with _registry_lock:
             if _ports.get(self.loop) is self:
                 del _ports[self.loop]
@@ -206,24 +212,23 @@ class Port:
 
     # -------------------------------------------------- caller-side watchdog
     def watch(self, owner: Port) -> None:
-        """A caller on this (asyncio) loop now waits on ``owner``.  Loop thread only."""
-        n = self._watched.get(owner, 0)
-        self._watched[owner] = n + 1
+        """A caller on this (asyncio) loop waits on ``owner``.  Loop thread only.
+
+        While any watched owner has work in flight, a timer on this loop checks
+        that the owner is alive; that is how a caller notices an owner loop
+        that was stopped without cancelling its tasks.
+        """
+        self._watched[owner] = 0
         if self._watch_handle is None:
             self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
 
-    def unwatch(self, owner: Port) -> None:
-        n = self._watched.get(owner, 0) - 1
-        if n > 0:
-            self._watched[owner] = n
-        else:
-            self._watched.pop(owner, None)
-
     def _check_watched(self) -> None:
         self._watch_handle = None
-        for owner in list(self._watched):
-            owner.check_alive()
-        if self._watched:
+        watched = self._watched
+        for owner in list(watched):
+            if not owner.inflight or not owner.check_alive():
+                del watched[owner]
+        if watched:
             self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
 
     # ------------------------------------------------------------ the keeper
@@ -255,6 +260,12 @@ def _fresh(exc: BaseException) -> BaseException:
 
 _registry_lock = threading.Lock()
 _ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
+_retired: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def rearm(loop: asyncio.AbstractEventLoop) -> None:
+    """Forget that ``loop`` was seen shutting down (an explicit transfer to it)."""
+    _retired.discard(loop)
 
 
 def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
@@ -263,7 +274,9 @@ def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
     if port is not None:
         return port
     if loop.is_closed():
-        raise OwnerLoopClosed(f"{loop!r} is closed")
+        raise OwnerLoopClosed(f"{_loop_label(loop)} is closed")
+    if loop in _retired:
+        raise OwnerLoopClosed(f"{_loop_label(loop)} is shutting down")
     with _registry_lock:
         port = _ports.get(loop)
         if port is None:

@@ -11,11 +11,11 @@ generated classes are cached per (class, declarations).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar, cast
 
 from ._calls import call_from_loop, call_from_thread, call_from_trio
 from ._errors import LoopAffinityError
-from ._metrics import TOTAL, Stats
+from ._metrics import Stats
 from ._ownership import MemberKind, Ownership, classify, original, ownership_of
 from ._ports import get_running_loop
 from ._streams import BlockingStream, Channel, RemoteStream
@@ -37,8 +37,14 @@ def _async_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def member(self: Any, *args: Any, **kwargs: Any) -> Any:
         loop = get_running_loop()
-        if loop is self._lb_own._loop and loop is not None:
-            return fn(self._lb_target, *args, **kwargs)  # same loop: straight through
+        if loop is not None:
+            own = self._lb_own
+            if loop is own._loop:
+                return fn(self._lb_target, *args, **kwargs)  # same loop: straight through
+            return call_from_loop(
+                loop, fn, (self._lb_target, *args), kwargs, what, own, self._lb_stats, self._lb_grace
+            )
+        # No loop yet (a coroutine created before asyncio.run, or trio): decide on await.
         return _dispatch(self, fn, (self._lb_target, *args), kwargs, what)
 
     member.__name__ = name
@@ -239,18 +245,18 @@ def proxy(
     if cancel_grace < 0:
         raise ValueError(f"cancel_grace must not be negative, not {cancel_grace}")
     pcls = _proxy_class(type(obj), own)
-    p = object.__new__(pcls)
+    p = cast(T, object.__new__(pcls))  # an instance of a subclass of type(obj)
     setattr_ = object.__setattr__
     setattr_(p, "_lb_target", obj)
     setattr_(p, "_lb_own", own)
     setattr_(p, "_lb_window", stream_window)
     setattr_(p, "_lb_grace", cancel_grace)
-    setattr_(p, "_lb_stats", Stats(f"{type(obj).__qualname__}@0x{id(obj):x}", TOTAL))
+    setattr_(p, "_lb_stats", own.stats)
     return p
 
 
 def stats_of(p: object) -> Stats:
-    """The metrics of one proxy."""
+    """The metrics of the object behind a proxy (shared by all its proxies)."""
     if not getattr(type(p), "__loopbridge_proxy__", False):
         raise TypeError(f"expected a loopbridge proxy, got {type(p).__qualname__}")
     return object.__getattribute__(p, "_lb_stats")  # type: ignore[no-any-return]

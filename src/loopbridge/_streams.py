@@ -32,7 +32,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-from ._calls import annotate
+from ._calls import _thread_name, annotate
 from ._errors import LoopAffinityError
 from ._metrics import Stats
 from ._ports import LIVENESS_INTERVAL, Port, get_running_loop, running_port
@@ -116,7 +116,7 @@ class Channel:
         self.t_submit = _perf()
         self.t_start = 0.0
         self.t_end = 0.0
-        self.submitted_from = threading.current_thread().name
+        self.submitted_from = threading.get_ident()
         self.caller_label = ""
 
     def open(self) -> None:
@@ -155,7 +155,7 @@ class Channel:
             "what": self.what,
             "caller": self.caller_label,
             "owner": self.owner.label if self.owner else None,
-            "submitted_from_thread": self.submitted_from,
+            "submitted_from_thread": _thread_name(self.submitted_from),
             "waiting_s": round(now - self.t_submit, 6),
             "started": bool(self.t_start),
             "buffered": len(self.buf),
@@ -408,8 +408,6 @@ class RemoteStream(Generic[Y]):
             ch.consumer_parked = False
             await self._close_and_wait(exc.args[0] if exc.args else None)
             raise
-        finally:
-            port.unwatch(owner)
 
     async def _park_trio(self) -> None:
         import trio

@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--duplicate-resume", action="store_true", help="same as --resumes 2")
     c.add_argument("--aborts", type=int, default=0, help="client aborts")
     c.add_argument("--sync-interval", type=int, default=2)
+    c.add_argument("--prompt-first-req", action="store_true",
+                   help="the stats task forwards FIRST_REQ at once (no starved task)")
     c.add_argument("--max-states", type=int, default=2_000_000)
     c.add_argument("--no-heal-check", action="store_true")
     a = p.parse_args(argv)
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             pauses=a.pauses, weight_updates=a.weight_updates,
             resumes=2 if a.duplicate_resume else a.resumes, mode=a.mode,
             sync_interval=a.sync_interval, aborts=a.aborts, when=a.when,
+            prompt_first_req=a.prompt_first_req,
         )
     except ValueError as e:
         p.error(str(e))

@@ -46,6 +46,8 @@ class Violation:
     state: World
     #: whether more client traffic (within the bounds) can still resolve it
     heals: bool | None = None
+    #: the worlds along ``trace``, starting with the initial one (not canonicalised)
+    path: tuple[World, ...] = ()
 
     def timeline(self, ranks: int) -> str:
         return render(self.trace, ranks)
@@ -71,6 +73,7 @@ class Result:
             f"requests={cfg.requests} req_len={cfg.req_len} when={cfg.when} "
             f"pauses={cfg.pauses} mode={cfg.mode} weight_updates={cfg.weight_updates} "
             f"resumes={cfg.resumes} aborts={cfg.aborts} sync_interval={cfg.sync_interval}"
+            f"{' prompt_first_req' if cfg.prompt_first_req else ''}"
         )
         verdict = "no violation" if self.ok else ", ".join(sorted(self.violations))
         if not self.complete:
@@ -123,7 +126,8 @@ def check(
         found = classify(cfg, w, quiescent)
         if found is not None and found[0] not in res.violations:
             kind, detail = found
-            res.violations[kind] = Violation(kind, detail, _trace(parent, w), w)
+            labels, worlds = _trace(cfg, parent, w)
+            res.violations[kind] = Violation(kind, detail, labels, w, path=worlds)
             if stop_at_first:
                 break
         if found is not None and found[0] == "utility-error":
@@ -145,16 +149,27 @@ def check(
     return res
 
 
-def _trace(parent: dict[World, tuple[World, Label] | None], w: World) -> tuple[Label, ...]:
+def _trace(
+    cfg: Config, parent: dict[World, tuple[World, Label] | None], w: World
+) -> tuple[tuple[Label, ...], tuple[World, ...]]:
+    """The path to ``w``, replayed without canonicalisation so waves read naturally."""
+    path: list[World] = [w]
+    while (link := parent[path[-1]]) is not None:
+        path.append(link[0])
+    path.reverse()
     labels: list[Label] = []
-    cur: World | None = w
-    while cur is not None:
-        link = parent[cur]
-        if link is None:
-            break
-        cur, label = link
-        labels.append(label)
-    return tuple(reversed(labels))
+    cur = initial(cfg)
+    worlds = [cur]
+    for target in path[1:]:
+        for label, nxt in successors(cfg, cur):
+            if canonical(nxt) == target:
+                labels.append(label)
+                worlds.append(nxt)
+                cur = nxt
+                break
+        else:  # pragma: no cover - the parent map came from these successors
+            raise AssertionError("trace replay diverged")
+    return tuple(labels), tuple(worlds)
 
 
 def _with_heal(cfg: Config, v: Violation, max_states: int) -> Violation:
@@ -167,10 +182,10 @@ def _with_heal(cfg: Config, v: Violation, max_states: int) -> Violation:
         succ = successors(cfg, w)
         quiescent = all(is_optional(label) for label, _ in succ)
         if quiescent and classify(cfg, w, True) is None:
-            return Violation(v.kind, v.detail, v.trace, v.state, heals=True)
+            return Violation(v.kind, v.detail, v.trace, v.state, True, v.path)
         for _, nxt in succ:
             nxt = canonical(nxt)
             if nxt not in seen:
                 seen.add(nxt)
                 queue.append(nxt)
-    return Violation(v.kind, v.detail, v.trace, v.state, heals=False)
+    return Violation(v.kind, v.detail, v.trace, v.state, False, v.path)

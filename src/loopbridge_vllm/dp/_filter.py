@@ -17,6 +17,15 @@ R1  A ``resume_scheduler`` utility that reaches a rank whose scheduler is not
     state is identical on every rank once a resume has been handled by all of
     them, so keying on it makes every rank drop the duplicate.
 
+R2  A ``START_DP_WAVE`` that reaches a rank while the consensus latch
+    (``ignore_start_dp_wave``) is set is held until the latch clears (resume)
+    instead of being dropped.  On 0.32 the front-end's FIRST_REQ path starts
+    waves independently of the engines, so a wave start for a request sent
+    during the resume can overtake the resume on a peer and be dropped there
+    while the target rank, already resumed, steps alone.  Released after the
+    resume, the message is judged by the usual wave comparison: a wave that
+    has meanwhile ended everywhere is ignored, a current one is joined.
+
 Everything else is delivered unchanged: the consensus latch of the
 two-phase pause already drops late ``START_DP_WAVE`` messages, and an ADD
 does not arm a paused rank.
@@ -55,6 +64,8 @@ class FilterView:
 
 def decide(kind: MessageKind, method: str | None, view: FilterView) -> Decision:
     """Decide the fate of one message of ``kind`` (``method`` for utilities)."""
+    if kind == "START_DP_WAVE" and view.ignore_start_dp_wave:
+        return Decision.HOLD  # R2
     if kind == "UTILITY" and method in RESUME_METHODS:
         in_flight = view.pending_pause or view.ignore_start_dp_wave
         if not view.paused and not in_flight:

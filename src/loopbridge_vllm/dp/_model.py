@@ -28,11 +28,28 @@ conformance tests can replay them against the real ``DPEngineCoreProc``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Literal, Union
+from typing import Any, Literal, TypeVar, Union
 
 from ._filter import Decision, FilterView, decide
+
+_T = TypeVar("_T")
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def replace(obj: _T, **changes: Any) -> _T:
+    """``dataclasses.replace`` for the frozen, slotted state classes, without
+    re-running ``__init__`` (the search spends most of its time here)."""
+    cls = type(obj)
+    names = _SLOTS.get(cls)
+    if names is None:
+        names = _SLOTS[cls] = tuple(cls.__slots__)  # type: ignore[attr-defined]
+    new = object.__new__(cls)
+    for name in names:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(obj, name))
+    return new
+
 
 PauseMode = Literal["keep", "abort", "wait"]
 Kind = Literal["fwd", "sync", "barrier", "rpc"]
@@ -212,6 +229,7 @@ class Rank:
     blocked: Blocked | None = None
     cin: tuple[ClientMsg, ...] = ()  # client socket, FIFO
     coin: tuple[StartDPWave, ...] = ()  # coordinator socket, FIFO
+    held: tuple[InMsg, ...] = ()  # set aside by the filter, FIFO
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +281,8 @@ class Config:
     aborts: int = 0
     #: when requests may be sent: any, before, during or after the pause
     when: Literal["any", "before", "during", "after"] = "any"
+    #: the front-end's stats task forwards FIRST_REQ at once (no starved task)
+    prompt_first_req: bool = False
     script: tuple[Utility, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -622,19 +642,24 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
     for i, r in enumerate(w.ranks):
         if r.blocked is not None:
             continue
-        for chan in ("cin", "coin"):
-            queue: tuple[InMsg, ...] = r.cin if chan == "cin" else r.coin
+        for chan in ("cin", "coin", "held"):
+            queue: tuple[InMsg, ...] = getattr(r, chan)
             if not queue:
                 continue
-            msg, rest = queue[0], queue[1:]
-            r2 = replace(r, cin=rest) if chan == "cin" else replace(r, coin=rest)
+            msg = queue[0]
+            r2 = replace(r, **{chan: queue[1:]})
             d = filter_message(v, r2, msg)
+            if d is Decision.HOLD:
+                if chan != "held":
+                    out.append(((f"r{i}", f"filter holds {_describe(msg)}"),
+                                _apply(w, i, replace(r2, held=r2.held + (msg,)), NO_EFFECTS)))
+                continue
             if d is Decision.DROP:
                 eff = Effects(replies=((msg.op, True),)) if isinstance(msg, Utility) else NO_EFFECTS
                 out.append(((f"r{i}", f"filter drops {_describe(msg)}"), _apply(w, i, r2, eff)))
                 continue
             nr, eff = handle_message(v, i, r2, msg, cfg.req_len)
-            text = _describe(msg)
+            text = ("filter releases " if chan == "held" else "") + _describe(msg)
             if nr.blocked is not None:
                 text += f" -> enter {nr.blocked.kind}"
             else:
@@ -718,13 +743,19 @@ def _optional_client(cfg: Config, w: World) -> list[tuple[Label, World]]:
             rk = c.req_rank[:req] + (e,) + c.req_rank[req + 1:]
             nc = replace(c, req_status=st, req_rank=rk)
             fr = ""
+            coord = w.coord
             if v.first_req and not c.running:
-                nc = replace(nc, first_req=nc.first_req + (e,))
-                fr = " +FIRST_REQ"
+                if cfg.prompt_first_req:
+                    nc = replace(nc, running=True)
+                    coord = replace(coord, front=coord.front + (FirstReq(e, c.wave),))
+                    fr = " +FIRST_REQ fwd"
+                else:
+                    nc = replace(nc, first_req=nc.first_req + (e,))
+                    fr = " +FIRST_REQ"
             r = w.ranks[e]
             ranks = w.ranks[:e] + (replace(r, cin=r.cin + (Add(req, c.wave),)),) + w.ranks[e + 1:]
             out.append((("client", f"ADD r{req} w{c.wave} -> e{e}{fr}"),
-                        replace(w, ranks=ranks, client=nc)))
+                        replace(w, ranks=ranks, client=nc, coord=coord)))
     if c.aborts_left:
         for req, s in enumerate(c.req_status):
             if s != IN_ENGINE:
@@ -753,7 +784,7 @@ def _complete(cfg: Config, w: World) -> tuple[Label, World]:
     blocked = [r.blocked for r in w.ranks]
     ranks: list[Rank] = []
     effs: list[Effects] = []
-    text = kind
+    text: str = kind
     if kind == "sync":
         res = sync_result([(b.unfinished, b.pending) for b in blocked if b is not None])
         text = f"sync -> unfinished={int(res[0])} consensus={int(res[1])}"
@@ -792,12 +823,18 @@ def _shift_msg(m: object, d: int) -> object:
 
 
 def canonical(w: World) -> World:
+    """The representative of ``w``: waves shifted to start at 0, ranks 1.. sorted."""
+    return symmetric(_shift_waves(w))
+
+
+def _shift_waves(w: World) -> World:
     """Shift every wave number so that the smallest is 0 (only differences matter)."""
     waves = [w.coord.wave, w.client.wave]
     for r in w.ranks:
         waves.append(r.wave)
         waves.extend(m.wave for m in r.cin if isinstance(m, Add))
         waves.extend(m.wave for m in r.coin)
+        waves.extend(m.wave for m in r.held if isinstance(m, (Add, StartDPWave)))
     for q in w.coord.back:
         waves.extend(m.wave for m in q)
     waves.extend(m.wave for m in w.coord.front)
@@ -809,8 +846,9 @@ def canonical(w: World) -> World:
         replace(
             r,
             wave=r.wave - d,
-            cin=tuple(_shift_msg(m, d) for m in r.cin),  # type: ignore[misc]
+            cin=tuple(_shift_msg(m, d) for m in r.cin),
             coin=tuple(replace(m, wave=m.wave - d) for m in r.coin),
+            held=tuple(_shift_msg(m, d) for m in r.held),
         )
         for r in w.ranks
     )
@@ -824,5 +862,64 @@ def canonical(w: World) -> World:
         w.client,
         wave=w.client.wave - d,
         pub=tuple(replace(p, wave=p.wave - d) for p in w.client.pub),
+    )
+    return World(ranks, coord, client)
+
+
+def _rank_key(r: Rank) -> tuple[int, ...]:
+    b = r.blocked
+    return (
+        r.running, r.was_running, r.wave, r.step, int(r.pause), r.pending_pause,
+        r.ignore_wave, r.reject_new, len(r.reqs), len(r.callbacks),
+        -1 if b is None else ("fwd", "sync", "barrier", "rpc").index(b.kind),
+        len(r.cin), len(r.coin), len(r.held),
+        sum(q.remaining for q in r.reqs),
+    )
+
+
+def _relabel_msg(m: InMsg, perm: tuple[int, ...]) -> InMsg:
+    if isinstance(m, StartDPWave) and m.exclude is not None:
+        return StartDPWave(m.wave, perm[m.exclude])
+    return m
+
+
+def symmetric(w: World) -> World:
+    """Sort ranks 1..N-1 into a canonical order (rank 0 alone reports waves).
+
+    Ranks other than 0 run identical code and are addressed only by index, so
+    renaming them, consistently everywhere an index appears, gives a state
+    with the same behaviour.  Ties in the sort key only cost reduction.
+    """
+    n = len(w.ranks)
+    if n < 3:
+        return w
+    order = sorted(range(1, n), key=lambda i: _rank_key(w.ranks[i]))
+    if order == list(range(1, n)):
+        return w
+    # perm[old] = new
+    perm_l = [0] * n
+    for new, old in enumerate(order, 1):
+        perm_l[old] = new
+    perm = tuple(perm_l)
+    ranks = tuple(
+        replace(
+            w.ranks[old],
+            coin=tuple(_relabel_msg(m, perm) for m in w.ranks[old].coin),
+            held=tuple(_relabel_msg(m, perm) for m in w.ranks[old].held),
+        )
+        for old in [0] + order
+    )
+    coord = replace(
+        w.coord,
+        back=tuple(w.coord.back[old] for old in [0] + order),
+        front=tuple(replace(f, engine=perm[f.engine]) for f in w.coord.front),
+    )
+    c = w.client
+    client = replace(
+        c,
+        waiting=frozenset(perm[i] for i in c.waiting),
+        req_rank=tuple(-1 if e < 0 else perm[e] for e in c.req_rank),
+        first_req=tuple(perm[e] for e in c.first_req),
+        errors=c.errors,
     )
     return World(ranks, coord, client)

@@ -1,0 +1,149 @@
+"""Opt-in installation of the pause-aware filter into vLLM's ``DPEngineCoreProc``.
+
+Importing this module does nothing; :func:`install_filter` imports vLLM and
+wraps ``DPEngineCoreProc._handle_client_request`` in the engine-core process.
+Call it in every engine-core process (for example from a plugin loaded by the
+engine) before the busy loop starts.
+
+The wrapper asks :func:`._filter.decide` about each message:
+
+* deliver: call the original handler, then offer the held messages again
+  (handling a message, a resume in particular, may clear the condition);
+* drop: do not handle it; a utility gets its successful ``None`` reply so the
+  client's fan-out completes;
+* hold: keep it, in arrival order, on the instance until a later decision
+  delivers it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._filter import Decision, FilterView, MessageKind, decide
+
+#: vLLM versions whose ``DPEngineCoreProc`` the filter was checked against.
+SUPPORTED_PREFIXES = ("0.32.",)
+
+_ORIGINAL_ATTR = "_loopbridge_original_handle_client_request"
+_HELD_ATTR = "_loopbridge_held"
+
+Handler = Callable[[Any, Any, Any], None]
+
+
+def _view(engine: Any) -> FilterView:
+    from vllm.v1.core.sched.interface import PauseState
+
+    return FilterView(
+        paused=engine.scheduler.pause_state != PauseState.UNPAUSED,
+        pending_pause=bool(engine.pending_pause),
+        ignore_start_dp_wave=bool(engine.ignore_start_dp_wave),
+        engines_running=bool(engine.engines_running),
+    )
+
+
+def _classify(request_type: Any, request: Any) -> tuple[MessageKind, str | None]:
+    from vllm.v1.engine import EngineCoreRequestType as T
+
+    if request_type == T.UTILITY:
+        return "UTILITY", str(request[2])
+    kinds: dict[Any, MessageKind] = {
+        T.ADD: "ADD", T.ABORT: "ABORT", T.START_DP_WAVE: "START_DP_WAVE"
+    }
+    return kinds.get(request_type, "OTHER"), None
+
+
+def _reply_none(engine: Any, request: Any) -> None:
+    from vllm.v1.engine import EngineCoreOutputs, UtilityOutput
+    from vllm.v1.serial_utils import UtilityResult
+
+    client_idx, call_id = request[0], request[1]
+    out = UtilityOutput(call_id, result=UtilityResult(None))
+    engine.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=out)))
+
+
+def _make_wrapper(original: Handler) -> Handler:
+    def _handle_client_request(self: Any, request_type: Any, request: Any) -> None:
+        held: list[tuple[Any, Any]] = self.__dict__.setdefault(_HELD_ATTR, [])
+        kind, method = _classify(request_type, request)
+        decision = decide(kind, method, _view(self))
+        if decision is Decision.HOLD:
+            held.append((request_type, request))
+            return
+        if decision is Decision.DROP:
+            if kind == "UTILITY":
+                _reply_none(self, request)
+            return
+        original(self, request_type, request)
+        _release(self, original, held)
+
+    _handle_client_request.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(_handle_client_request, _ORIGINAL_ATTR, original)
+    return _handle_client_request
+
+
+def _release(engine: Any, original: Handler, held: list[tuple[Any, Any]]) -> None:
+    # Offer held messages again, in order; stop at the first still held so
+    # that their relative order is kept.
+    while held:
+        request_type, request = held[0]
+        kind, method = _classify(request_type, request)
+        decision = decide(kind, method, _view(engine))
+        if decision is Decision.HOLD:
+            return
+        held.pop(0)
+        if decision is Decision.DELIVER:
+            original(engine, request_type, request)
+        elif kind == "UTILITY":
+            _reply_none(engine, request)
+
+
+def installed_version_supported() -> tuple[bool, str]:
+    """Whether the installed vLLM is one the filter applies to, and why."""
+    import vllm
+
+    version = str(vllm.__version__)
+    if not version.startswith(SUPPORTED_PREFIXES):
+        return False, (
+            f"vLLM {version}: the filter was checked against "
+            f"{', '.join(p + 'x' for p in SUPPORTED_PREFIXES)} only; not installing"
+        )
+    from vllm.v1.engine.core import DPEngineCoreProc
+
+    for attr in ("_pause_complete", "resume_scheduler", "_has_global_unfinished_reqs"):
+        if attr not in vars(DPEngineCoreProc):
+            return False, f"DPEngineCoreProc.{attr} missing: not the two-phase pause"
+    return True, f"vLLM {version}"
+
+
+def install_filter() -> bool:
+    """Wrap ``DPEngineCoreProc._handle_client_request``; idempotent.
+
+    Returns True when the filter is (now) installed, False when the installed
+    vLLM is not one it applies to (then nothing is changed).
+    """
+    ok, _why = installed_version_supported()
+    if not ok:
+        return False
+    from vllm.v1.engine.core import DPEngineCoreProc
+
+    current = vars(DPEngineCoreProc)["_handle_client_request"]
+    if hasattr(current, _ORIGINAL_ATTR):
+        return True
+    setattr(DPEngineCoreProc, "_handle_client_request", _make_wrapper(current))
+    return True
+
+
+def uninstall_filter() -> None:
+    """Restore the original handler (held messages on live engines are kept)."""
+    from vllm.v1.engine.core import DPEngineCoreProc
+
+    current = vars(DPEngineCoreProc)["_handle_client_request"]
+    original = getattr(current, _ORIGINAL_ATTR, None)
+    if original is not None:
+        setattr(DPEngineCoreProc, "_handle_client_request", original)
+
+
+def is_installed() -> bool:
+    from vllm.v1.engine.core import DPEngineCoreProc
+
+    return hasattr(vars(DPEngineCoreProc)["_handle_client_request"], _ORIGINAL_ATTR)

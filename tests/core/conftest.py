@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+import loopbridge as lb
+
+
+@lb.loop_affine(stable=("name",), threadsafe=("describe",))
+class Engine:
+    """A small loop-affine object with every kind of member."""
+
+    def __init__(self, name: str = "engine") -> None:
+        self.name = name
+        self.log: list[Any] = []
+        self.counter = 0
+
+    def describe(self) -> str:
+        return f"engine {self.name}"
+
+    def bump(self) -> int:  # sync, not declared: refused through a proxy
+        self.counter += 1
+        return self.counter
+
+    async def echo(self, value: Any) -> Any:
+        return value
+
+    async def where(self) -> asyncio.AbstractEventLoop:
+        await asyncio.sleep(0)
+        return asyncio.get_running_loop()
+
+    async def fail(self, message: str) -> None:
+        await asyncio.sleep(0)
+        raise ValueError(message)
+
+    async def sleep(self, seconds: float) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError as exc:
+            self.log.append(("cancelled", exc.args, asyncio.get_running_loop()))
+            await asyncio.sleep(0.01)  # cleanup that needs the loop
+            self.log.append(("cleanup done", asyncio.get_running_loop()))
+            raise
+        return "slept"
+
+    async def count(self, n: int, delay: float = 0.0) -> AsyncIterator[int]:
+        try:
+            for i in range(n):
+                if delay:
+                    await asyncio.sleep(delay)
+                yield i
+        except GeneratorExit:
+            self.log.append(("generator exit", asyncio.get_running_loop()))
+            raise
+        except asyncio.CancelledError:
+            self.log.append(("generator cancelled", asyncio.get_running_loop()))
+            raise
+        finally:
+            self.log.append(("finally", asyncio.get_running_loop()))
+
+
+def _make_owner(kind: str) -> lb.LoopThread:
+    return lb.LoopThread(name=f"owner-{kind}", use_uvloop=(kind == "uvloop")).start()
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def owner(request: pytest.FixtureRequest) -> Iterator[lb.LoopThread]:
+    t = _make_owner(request.param)
+    yield t
+    t.stop()
+
+
+@pytest.fixture
+def asyncio_owner() -> Iterator[lb.LoopThread]:
+    t = _make_owner("asyncio")
+    yield t
+    t.stop()
+
+
+async def _new_engine(name: str = "engine") -> Engine:
+    return Engine(name)
+
+
+@pytest.fixture
+def engine(owner: lb.LoopThread) -> Engine:
+    return owner.run(_new_engine)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    before = set(threading.enumerate())
+    yield
+    gc.collect()
+    deadline = threading.Event()
+    for _ in range(100):
+        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not extra:
+            break
+        deadline.wait(0.02)
+    assert not extra, f"leaked threads: {extra}"
+
+
+def tasks_on(loop: asyncio.AbstractEventLoop) -> set[asyncio.Task[Any]]:
+    """Pending tasks on a loop other than loopbridge's own keeper."""
+    async def collect() -> set[asyncio.Task[Any]]:
+        me = asyncio.current_task()
+        return {
+            t for t in asyncio.all_tasks() if t is not me and t.get_name() != "loopbridge-keeper"
+        }
+
+    return asyncio.run_coroutine_threadsafe(collect(), loop).result(5)

@@ -1,0 +1,85 @@
+"""The blocking face for plain threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import loopbridge as lb
+
+from .conftest import Engine
+
+
+def test_blocking_calls_and_iterators(owner: lb.LoopThread, engine: Engine) -> None:
+    b = lb.blocking(lb.proxy(engine))
+    assert b.echo(5) == 5
+    assert b.where() is owner.loop
+    assert list(b.count(100)) == list(range(100))
+    assert b.name == "engine"
+    with pytest.raises(ValueError, match="bad"):
+        b.fail("bad")
+    with pytest.raises(lb.LoopAffinityError):
+        b.bump()
+
+
+def test_blocking_from_many_threads(owner: lb.LoopThread, engine: Engine) -> None:
+    b = lb.blocking(engine)  # a raw loop-affine object works too
+
+    def work(k: int) -> int:
+        return sum(b.echo(i) for i in range(200)) + sum(b.count(50)) * 0 + k
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(work, range(16)))
+    assert results == [sum(range(200)) + k for k in range(16)]
+
+
+def test_blocking_iterator_close_runs_owner_finally(owner: lb.LoopThread, engine: Engine) -> None:
+    b = lb.blocking(lb.proxy(engine))
+    with b.count(10**9, delay=0.001) as it:
+        assert next(it) == 0
+        assert next(it) == 1
+    assert ("finally", owner.loop) in engine.log
+
+
+def test_blocking_on_the_owner_thread_raises_instead_of_deadlocking(
+    owner: lb.LoopThread, engine: Engine
+) -> None:
+    b = lb.blocking(lb.proxy(engine))
+
+    async def on_owner() -> str:
+        with pytest.raises(lb.LoopAffinityError, match="deadlock"):
+            b.echo(1)
+        with pytest.raises(lb.LoopAffinityError, match="deadlock"):
+            next(iter(b.count(3)))
+        return "ok"
+
+    assert owner.run(on_owner) == "ok"
+
+
+def test_blocking_from_a_foreign_loop_thread_works(owner: lb.LoopThread, engine: Engine) -> None:
+    # Blocks that (foreign) loop's thread only; no deadlock.
+    b = lb.blocking(engine)
+
+    async def main() -> int:
+        return b.echo(7)  # type: ignore[no-any-return]
+
+    assert asyncio.run(main()) == 7
+
+
+def test_loop_thread_run_and_errors() -> None:
+    t = lb.LoopThread(name="runner")
+    with pytest.raises(lb.LoopAffinityError):
+        t.loop
+    with t:
+        async def add(a: int, b: int) -> int:
+            return a + b
+
+        assert t.run(add, 2, 3) == 5
+        assert t.running
+        assert threading.current_thread() is not None
+    assert not t.running
+    with pytest.raises(lb.OwnerLoopClosed):
+        t.run(add, 1, 1)

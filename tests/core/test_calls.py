@@ -1,0 +1,308 @@
+"""Calls across loops: results, errors, context, cancellation both ways."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import traceback
+
+import pytest
+
+import loopbridge as lb
+
+from .conftest import Engine, tasks_on
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+def test_ownership_is_the_constructing_loop(owner: lb.LoopThread, engine: Engine) -> None:
+    assert lb.owner_loop(engine) is owner.loop
+    assert lb.owner_loop(lb.proxy(engine)) is owner.loop
+
+
+def test_result_comes_back_from_the_owner_loop(owner: lb.LoopThread, engine: Engine) -> None:
+    p = lb.proxy(engine)
+
+    async def main() -> None:
+        assert await p.echo({"x": 1}) == {"x": 1}
+        assert await p.where() is owner.loop
+        results = await asyncio.gather(*(p.echo(i) for i in range(200)))
+        assert results == list(range(200))
+
+    asyncio.run(main())
+
+
+def test_proxy_is_an_instance_of_the_real_class(engine: Engine) -> None:
+    p = lb.proxy(engine)
+    assert isinstance(p, Engine)
+    assert lb.proxy(p) is p
+    assert p.name == "engine"  # stable
+    assert p.describe() == "engine engine"  # thread-safe
+
+
+def test_sync_members_are_refused_with_a_clear_error(engine: Engine) -> None:
+    p = lb.proxy(engine)
+    with pytest.raises(lb.LoopAffinityError, match="stable=.*threadsafe="):
+        p.bump()
+    with pytest.raises(lb.LoopAffinityError, match="'log'"):
+        p.log  # instance attribute, not declared
+    with pytest.raises(lb.LoopAffinityError, match="cannot set"):
+        p.name = "other"
+    with pytest.raises(AttributeError):
+        p.no_such_member
+    assert engine.counter == 0
+
+
+def test_exception_is_the_original_object_with_traceback_and_note(
+    owner: lb.LoopThread, engine: Engine
+) -> None:
+    p = lb.proxy(engine)
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="boom") as info:
+            await p.fail("boom")
+        exc = info.value
+        frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+        assert "fail" in frames  # the owner-side frame is there
+        notes = getattr(exc, "__notes__", [])
+        assert any("Engine.fail()" in n and "owner loop" in n for n in notes), notes
+
+    asyncio.run(main())
+
+
+def test_contextvars_are_copied_into_the_owner_task(engine: Engine) -> None:
+    @lb.loop_affine
+    class Reader:
+        async def read(self) -> str:
+            value = request_id.get()
+            request_id.set("changed on owner")  # must not leak back
+            return value
+
+    async def make() -> Reader:
+        return Reader()
+
+    owner_thread = lb.LoopThread().start()
+    try:
+        p = lb.proxy(owner_thread.run(make))
+
+        async def main() -> None:
+            request_id.set("req-42")
+            assert await p.read() == "req-42"
+            assert request_id.get() == "req-42"
+
+        asyncio.run(main())
+    finally:
+        owner_thread.stop()
+
+
+def test_caller_cancel_cancels_owner_task_with_message_and_waits_for_cleanup(
+    owner: lb.LoopThread, engine: Engine
+) -> None:
+    p = lb.proxy(engine)
+
+    async def main() -> None:
+        task = asyncio.create_task(p.sleep(30))
+        await asyncio.sleep(0.05)
+        task.cancel("client went away")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The owner's cleanup finished *before* the caller's cancel completed.
+        assert engine.log[0][:2] == ("cancelled", ("client went away",))
+        assert engine.log[0][2] is owner.loop
+        assert engine.log[1][0] == "cleanup done"
+
+    asyncio.run(main())
+    assert not tasks_on(owner.loop)
+
+
+def test_cancel_grace_is_bounded(asyncio_owner: lb.LoopThread) -> None:
+    @lb.loop_affine
+    class Stubborn:
+        async def hold(self) -> None:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                await asyncio.sleep(1.0)  # slow cleanup
+                raise
+
+    async def make() -> Stubborn:
+        return Stubborn()
+
+    p = lb.proxy(asyncio_owner.run(make), cancel_grace=0.1)
+
+    async def main() -> float:
+        task = asyncio.create_task(p.hold())
+        await asyncio.sleep(0.05)
+        t0 = asyncio.get_running_loop().time()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return asyncio.get_running_loop().time() - t0
+
+    waited = asyncio.run(main())
+    assert 0.05 <= waited < 0.9
+
+
+def test_owner_side_cancel_reaches_the_caller_as_cancelled_error(
+    owner: lb.LoopThread, engine: Engine
+) -> None:
+    p = lb.proxy(engine)
+
+    async def cancel_owner_tasks() -> int:
+        n = 0
+        for t in asyncio.all_tasks():
+            if t is not asyncio.current_task() and t.get_name() != "loopbridge-keeper":
+                t.cancel("owner says no")
+                n += 1
+        return n
+
+    async def main() -> None:
+        task = asyncio.create_task(p.sleep(30))
+        await asyncio.sleep(0.05)
+        assert await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(cancel_owner_tasks(), owner.loop)
+        ) == 1
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
+def test_same_loop_calls_go_straight_through(owner: lb.LoopThread, engine: Engine) -> None:
+    p = lb.proxy(engine)
+
+    async def on_owner() -> bool:
+        coro = p.echo(1)
+        # Straight through: the real coroutine, no bridging wrapper.
+        direct = getattr(coro, "cr_code", None) is Engine.echo.__wrapped__.__code__  # type: ignore[attr-defined]
+        assert await coro == 1
+        return direct
+
+    assert owner.run(on_owner)
+
+
+def test_direct_cross_loop_call_is_caught(owner: lb.LoopThread, engine: Engine) -> None:
+    async def main() -> None:
+        with pytest.raises(lb.LoopAffinityError, match="proxy"):
+            await engine.echo(1)
+
+    asyncio.run(main())
+
+
+def test_affinity_check_policy(owner: lb.LoopThread, engine: Engine) -> None:
+    async def main() -> None:
+        old = lb.set_affinity_check("warn")
+        try:
+            with pytest.warns(RuntimeWarning, match="proxy"):
+                engine.echo(1).close()
+            lb.set_affinity_check("off")
+            engine.echo(1).close()  # no check at all
+        finally:
+            lb.set_affinity_check(old)
+        with pytest.raises(ValueError):
+            lb.set_affinity_check("sometimes")
+
+    asyncio.run(main())
+
+
+def test_not_loop_affine_is_a_typed_error() -> None:
+    class Plain:
+        async def go(self) -> None: ...
+
+    with pytest.raises(lb.LoopAffinityError, match="adopt"):
+        lb.proxy(Plain())
+
+
+def test_adopt_a_foreign_instance(asyncio_owner: lb.LoopThread) -> None:
+    class Foreign:  # a class we don't own
+        def __init__(self) -> None:
+            self.config = {"k": 1}
+            self.event = asyncio.Event()
+
+        async def wait_and_get(self) -> str:
+            await self.event.wait()
+            return "woken"
+
+        async def set(self) -> None:
+            self.event.set()
+
+    async def make() -> Foreign:
+        return lb.adopt(Foreign(), stable=("config",))
+
+    obj = asyncio_owner.run(make)
+    p = lb.proxy(obj)
+    assert p.config == {"k": 1}
+    assert lb.owner_loop(obj) is asyncio_owner.loop
+    with pytest.raises(lb.LoopAffinityError):
+        lb.adopt(obj)
+
+    async def main() -> None:
+        waiter = asyncio.create_task(p.wait_and_get())
+        await asyncio.sleep(0.02)
+        await p.set()
+        assert await waiter == "woken"
+
+    asyncio.run(main())
+
+
+def test_unbound_object_and_transfer(asyncio_owner: lb.LoopThread) -> None:
+    e = Engine("late")  # no running loop: no owner yet
+    assert lb.owner_loop(e) is None
+    p = lb.proxy(e)
+
+    async def main() -> None:
+        with pytest.raises(lb.LoopAffinityError, match="transfer"):
+            await p.echo(1)
+
+    asyncio.run(main())
+    lb.transfer(e, asyncio_owner.loop)
+    assert lb.owner_loop(e) is asyncio_owner.loop
+
+    async def again() -> None:
+        assert await p.where() is asyncio_owner.loop
+
+    asyncio.run(again())
+
+
+def test_transfer_with_calls_in_flight_loses_and_misroutes_nothing() -> None:
+    a = lb.LoopThread(name="owner-a").start()
+    b = lb.LoopThread(name="owner-b").start()
+    try:
+        e = a.run(_make)
+        p = lb.proxy(e)
+
+        async def main() -> None:
+            # Keep A busy so that submissions queue up, then transfer to B.
+            gate = threading.Event()
+            a.loop.call_soon_threadsafe(gate.wait)
+            calls = [asyncio.ensure_future(p.where()) for _ in range(50)]
+            await asyncio.sleep(0.02)
+            lb.transfer(e, b.loop)
+            gate.set()
+            loops = await asyncio.gather(*calls)
+            # Queued calls were re-routed: every one ran on B, the new owner.
+            assert all(loop is b.loop for loop in loops)
+            assert await p.where() is b.loop
+
+        asyncio.run(main())
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def _make() -> Engine:
+    return Engine()
+
+
+def test_unsupported_context_is_a_typed_error(engine: Engine) -> None:
+    p = lb.proxy(engine)
+    coro = p.echo(1)  # created outside any loop: decided when awaited
+
+    async def driver() -> None:
+        await coro
+
+    # Driving the coroutine by hand (no loop, no trio) must fail clearly.
+    gen = driver().__await__()
+    with pytest.raises(lb.LoopAffinityError, match="asyncio loop or trio"):
+        gen.send(None)

@@ -1,0 +1,188 @@
+"""Async generators across loops: order, back-pressure, batching, closing on the owner."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import AsyncIterator
+
+import pytest
+
+import loopbridge as lb
+
+from .conftest import Engine, tasks_on
+
+
+def test_items_flow_in_order(owner: lb.LoopThread, engine: Engine) -> None:
+    p = lb.proxy(engine)
+
+    async def main() -> None:
+        items = [i async for i in p.count(10_000)]
+        assert items == list(range(10_000))
+
+    asyncio.run(main())
+    assert engine.log == [("finally", owner.loop)]
+
+
+@pytest.mark.parametrize("how", ["break", "aclose", "cancel"])
+def test_consumer_exit_closes_the_generator_on_the_owner_loop(
+    owner: lb.LoopThread, engine: Engine, how: str
+) -> None:
+    p = lb.proxy(engine)
+
+    async def main() -> None:
+        if how == "break":
+            async for i in p.count(10**9, delay=0.001):
+                if i == 3:
+                    break
+            gc.collect()
+        elif how == "aclose":
+            stream = p.count(10**9, delay=0.001)
+            assert await stream.__anext__() == 0
+            await stream.aclose()
+            # aclose() waits for the owner-side cleanup.
+            assert ("finally", owner.loop) in engine.log
+        else:
+
+            async def consume() -> None:
+                async for _ in p.count(10**9, delay=0.001):
+                    pass
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert ("finally", owner.loop) in engine.log
+        for _ in range(100):
+            if ("finally", owner.loop) in engine.log:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    # The generator's own handlers and finally ran, on the owner loop.
+    assert ("finally", owner.loop) in engine.log
+    assert all(entry[-1] is owner.loop for entry in engine.log)
+    assert not tasks_on(owner.loop)
+
+
+def test_backpressure_suspends_the_producer(asyncio_owner: lb.LoopThread) -> None:
+    @lb.loop_affine
+    class Producer:
+        def __init__(self) -> None:
+            self.produced = 0
+
+        async def items(self) -> AsyncIterator[int]:
+            for i in range(10_000):
+                self.produced = i + 1
+                yield i
+
+        async def progress(self) -> int:
+            return self.produced
+
+    async def make() -> Producer:
+        return Producer()
+
+    prod = asyncio_owner.run(make)
+    p = lb.proxy(prod, stream_window=32)
+
+    async def main() -> None:
+        stream = p.items()
+        assert await stream.__anext__() == 0
+        await asyncio.sleep(0.1)  # consumer idle: producer must stop at the window
+        ahead = await p.progress()
+        assert ahead <= 32 + 1, ahead
+        rest = [i async for i in stream]
+        assert rest == list(range(1, 10_000))
+
+    asyncio.run(main())
+
+
+def test_items_are_handed_over_in_batches(asyncio_owner: lb.LoopThread) -> None:
+    engine = asyncio_owner.run(_make)
+    p = lb.proxy(engine, stream_window=4096)
+    stats = lb.stats_of(p)
+
+    async def main() -> None:
+        n = 0
+        async for _ in p.count(50_000):
+            n += 1
+            if n % 5000 == 0:
+                await asyncio.sleep(0.005)  # a busy consumer lets items pile up
+        assert n == 50_000
+
+    asyncio.run(main())
+    snap = stats.snapshot()
+    # One wake-up per batch, never one per item.
+    assert snap["stream_batches"] < 50_000 / 20, snap
+    assert snap["items_per_wakeup"] > 20
+
+
+def test_generator_error_arrives_after_the_items(owner: lb.LoopThread) -> None:
+    @lb.loop_affine
+    class Broken:
+        async def items(self) -> AsyncIterator[int]:
+            yield 1
+            yield 2
+            raise KeyError("gone")
+
+    async def make() -> Broken:
+        return Broken()
+
+    p = lb.proxy(owner.run(make))
+
+    async def main() -> None:
+        got = []
+        with pytest.raises(KeyError) as info:
+            async for i in p.items():
+                got.append(i)
+        assert got == [1, 2]
+        assert any("Broken.items()" in n for n in info.value.__notes__)
+
+    asyncio.run(main())
+
+
+def test_many_concurrent_streams(owner: lb.LoopThread, engine: Engine) -> None:
+    p = lb.proxy(engine, stream_window=16)
+
+    async def one(k: int) -> int:
+        return sum([i async for i in p.count(500 + k)])
+
+    async def main() -> None:
+        totals = await asyncio.gather(*(one(k) for k in range(40)))
+        assert totals == [sum(range(500 + k)) for k in range(40)]
+
+    asyncio.run(main())
+    assert not tasks_on(owner.loop)
+
+
+def test_unstarted_stream_costs_nothing_and_closes_cleanly(engine: Engine) -> None:
+    p = lb.proxy(engine)
+
+    async def main() -> None:
+        stream = p.count(5)
+        await stream.aclose()
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+
+    asyncio.run(main())
+    assert engine.log == []  # the generator never started
+
+
+def test_asend_and_window_validation(engine: Engine) -> None:
+    with pytest.raises(ValueError):
+        lb.proxy(engine, stream_window=0)
+    p = lb.proxy(engine)
+
+    async def main() -> None:
+        stream = p.count(3)
+        assert await stream.asend(None) == 0
+        with pytest.raises(TypeError):
+            await stream.asend(5)  # type: ignore[arg-type]
+        await stream.aclose()
+
+    asyncio.run(main())
+
+
+async def _make() -> Engine:
+    return Engine()
