@@ -234,6 +234,8 @@ def _cancel_on_owner(arg: tuple[Call, str | None]) -> None:
     task = call.task
     if task is not None and not task.done():
         task.cancel(msg)
+        # A task cancelled before its first step never runs _run's handlers.
+        task.add_done_callback(lambda _: call.settle(_CANCELLED, asyncio.CancelledError(msg)))
     # If the task has not started yet, _start sees cancel_requested.
 
 

@@ -47,6 +47,8 @@ class LoopThread:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._stop_requested = False
+        self._stop_lock = threading.Lock()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -112,10 +114,15 @@ class LoopThread:
             return
         if threading.current_thread() is thread:
             raise LoopAffinityError(f"{self.name}.stop() called on its own thread")
-        try:
-            loop.call_soon_threadsafe(loop.stop)
-        except RuntimeError:  # already closed
-            pass
+        with self._stop_lock:
+            # A second stop() only waits: stopping the loop again would cut its
+            # clean-up short.
+            first, self._stop_requested = not self._stop_requested, True
+        if first:
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:  # already closed
+                pass
         thread.join(timeout)
         if thread.is_alive():
             raise TimeoutError(f"{self.name} did not stop within {timeout} s")

@@ -302,7 +302,10 @@ def _wake_producer(ch: Channel) -> None:
 def _close_on_owner(ch: Channel) -> None:
     pump = ch.pump
     if pump is not None and not pump.done():
-        pump.cancel(ch.closing if isinstance(ch.closing, str) else None)
+        msg = ch.closing if isinstance(ch.closing, str) else None
+        pump.cancel(msg)
+        # A pump cancelled before its first step never runs its handlers.
+        pump.add_done_callback(lambda _: ch.finish(_CANCELLED, asyncio.CancelledError(msg)))
     elif pump is None and not ch.end:
         ch.finish(_CANCELLED, asyncio.CancelledError(ch.closing))
 
