@@ -8,7 +8,9 @@ gives the face for plain threads.
 
 from __future__ import annotations
 
+from ._diagnose import dump_inflight, format_inflight, install_hang_dump, record_submission_sites
 from ._errors import LoopAffinityError, OwnerLoopClosed
+from ._lag import LagMonitor, monitor_lag
 from ._loop_thread import LoopThread
 from ._metrics import snapshot as metrics_snapshot
 from ._ownership import adopt, loop_affine, owner_loop, set_affinity_check, transfer
@@ -21,24 +23,30 @@ from ._streams import BlockingStream
 __all__ = [
     "Blocking",
     "BlockingStream",
-    "SanitizerError",
-    "SanitizerReport",
-    "SanitizerWarning",
-    "install_sanitizer",
-    "sanitize",
-    "uninstall_sanitizer",
+    "LagMonitor",
     "LoopAffinityError",
     "LoopThread",
     "OwnerLoopClosed",
+    "SanitizerError",
+    "SanitizerReport",
+    "SanitizerWarning",
     "adopt",
     "blocking",
+    "dump_inflight",
+    "format_inflight",
+    "install_hang_dump",
+    "install_sanitizer",
     "loop_affine",
     "metrics_snapshot",
+    "monitor_lag",
     "owner_loop",
     "proxy",
+    "record_submission_sites",
+    "sanitize",
     "set_affinity_check",
     "stats_of",
     "transfer",
+    "uninstall_sanitizer",
 ]
 
 # LOOPBRIDGE_SANITIZE=raise|warn|log turns the sanitizer on for the whole process

@@ -28,6 +28,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from ._eager import start_task
+from ._diagnose import submission_site, tracing
 from ._errors import LoopAffinityError
 from ._metrics import Stats
 from ._ports import LIVENESS_INTERVAL, Port, get_running_loop, running_port
@@ -79,6 +81,7 @@ class Call:
         "t_start",
         "t_end",
         "submitted_from",
+        "site",
         "__weakref__",
     )
 
@@ -107,6 +110,7 @@ class Call:
         self.t_start = 0.0
         self.t_end = 0.0
         self.submitted_from = threading.get_ident()
+        self.site = submission_site() if tracing.on else None
 
     # -- owner side ---------------------------------------------------------
     def submit(self) -> None:
@@ -192,7 +196,7 @@ def _start(call: Call) -> None:
     call.t_start = _perf()
     coro = _run(call, loop)
     if _PY311:
-        call.task = loop.create_task(coro, context=call.ctx)
+        call.task = start_task(loop, coro, call.ctx)
     else:  # pragma: no cover - 3.10 copies the current context in Task()
         call.task = call.ctx.run(loop.create_task, coro)
 

@@ -1,8 +1,8 @@
 """Counters and latency histograms for calls and streams across loops.
 
-Each loop-affine object has one :class:`Stats` (shared by all its proxies); the
-process-wide total is summed over them when read.  The hot path must stay far
-below the cost of a cross-thread hop (about 20 µs), so recording is split:
+Each loop-affine object has one :class:`Stats` (shared by all its proxies).  The
+hot path must stay far below the cost of a cross-thread hop (about 20 µs), so
+recording is split:
 
 * counters are ``itertools.count`` objects: ``next()`` is atomic under the GIL,
   exact from any number of threads, and costs about 40 ns;
@@ -16,6 +16,10 @@ Latencies are split where the time goes:
   grows when the owner loop is busy, which is what makes a served p99 grow;
 * *run*: running on the owner loop;
 * *return*: finished on the owner until the caller resumes.
+
+Totals must only ever grow (Prometheus reads a drop as a process restart), so
+when a loop-affine object is garbage collected its numbers are folded into a
+per-name "retired" total instead of disappearing with it.
 """
 
 from __future__ import annotations
@@ -26,14 +30,28 @@ import weakref
 from collections import deque
 from typing import Any
 
-__all__ = ["Stats", "Histogram", "BUCKETS", "snapshot", "all_stats"]
+__all__ = [
+    "Stats",
+    "Histogram",
+    "Totals",
+    "BUCKETS",
+    "ITEM_BUCKETS",
+    "snapshot",
+    "totals_by_name",
+]
 
 _OK, _ERROR, _CANCELLED = 1, 2, 3
 
-#: Upper bounds (seconds) of histogram buckets: 1 µs, 2 µs, 4 µs ... ~134 s, then +Inf.
+#: Upper bounds (seconds) of latency buckets: 1 µs, 2 µs, 4 µs ... ~134 s, then +Inf.
 BUCKETS: tuple[float, ...] = tuple(2.0**i / 1e6 for i in range(28))
+#: Upper bounds of item-count buckets (items per wake-up): 1, 2, 4 ... 2**27, then +Inf.
+ITEM_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(28))
 _NB = len(BUCKETS)
 _FOLD_AT = 2048
+
+#: Counter names, in the order a reader must take them (see Totals.read).
+_CALL_KEYS = ("ok", "errors", "cancelled", "caller_cancels", "submitted")
+_STREAM_KEYS = ("completed", "errors", "cancelled", "consumer_closes", "opened", "items", "wakeups")
 
 
 def _value(counter: itertools.count[int]) -> int:
@@ -42,25 +60,51 @@ def _value(counter: itertools.count[int]) -> int:
 
 
 class Histogram:
-    __slots__ = ("counts", "total", "n")
+    """Log2 buckets: a sample goes to the first bucket whose bound is >= it.
 
-    def __init__(self) -> None:
+    ``items=False``: seconds, bounds :data:`BUCKETS`.  ``items=True``: counts of
+    items, bounds :data:`ITEM_BUCKETS` (exact: a batch of 3 lands in "<= 4").
+    """
+
+    __slots__ = ("counts", "total", "n", "max", "items")
+
+    def __init__(self, items: bool = False) -> None:
         self.counts = [0] * (_NB + 1)
         self.total = 0.0
         self.n = 0
+        self.max = 0.0
+        self.items = items
 
-    def observe(self, seconds: float) -> None:
-        us = int(seconds * 1e6)
-        i = us.bit_length() if us > 0 else 0
+    @property
+    def bounds(self) -> tuple[float, ...]:
+        return ITEM_BUCKETS if self.items else BUCKETS
+
+    def observe(self, value: float) -> None:
+        if self.items:
+            v = int(value)
+            i = (v - 1).bit_length() if v > 0 else 0
+        else:
+            # int(µs) < 2**i exactly when value < 2**i µs.
+            us = int(value * 1e6)
+            i = us.bit_length() if us > 0 else 0
         self.counts[i if i < _NB else _NB] += 1
-        self.total += seconds
+        self.total += value
         self.n += 1
+        if value > self.max:
+            self.max = value
 
     def merge(self, other: Histogram) -> None:
         for i, c in enumerate(other.counts):
             self.counts[i] += c
         self.total += other.total
         self.n += other.n
+        if other.max > self.max:
+            self.max = other.max
+
+    def copy(self) -> Histogram:
+        h = Histogram(self.items)
+        h.merge(self)
+        return h
 
     def quantile(self, q: float) -> float | None:
         """Upper bound of the bucket that holds quantile ``q`` (conservative)."""
@@ -68,103 +112,127 @@ class Histogram:
             return None
         rank = q * self.n
         seen = 0
+        bounds = self.bounds
         for i, c in enumerate(self.counts):
             seen += c
             if c and seen >= rank:
-                return BUCKETS[i] if i < _NB else float("inf")
-        return float("inf")
+                return bounds[i] if i < _NB else float("inf")
+        return float("inf")  # pragma: no cover - seen reaches n
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, samples <= bound)`` for every bucket, +Inf last."""
+        out: list[tuple[float, int]] = []
+        seen = 0
+        for bound, c in zip((*self.bounds, float("inf")), self.counts):
+            seen += c
+            out.append((bound, seen))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
+        unit = "" if self.items else "_s"
         return {
             "count": self.n,
-            "sum_s": self.total,
-            "p50_le_s": self.quantile(0.5),
-            "p99_le_s": self.quantile(0.99),
-            "buckets": [[b, c] for b, c in zip((*BUCKETS, float("inf")), self.counts) if c],
+            f"sum{unit}": self.total,
+            f"max{unit}": self.max if self.n else None,
+            f"p50_le{unit}": self.quantile(0.5),
+            f"p99_le{unit}": self.quantile(0.99),
+            "buckets": [[b, c] for b, c in zip((*self.bounds, float("inf")), self.counts) if c],
         }
 
 
-class Stats:
-    """Counters and latency histograms of one loop-affine object."""
+class Totals:
+    """Plain numbers read from one or more :class:`Stats`; can be summed."""
 
-    __slots__ = (
-        "name",
-        "_calls",
-        "_ok",
-        "_errors",
-        "_owner_cancels",
-        "_cancels",
-        "_streams",
-        "_batches",
-        "_samples",
-        "_returns",
-        "_batch_sizes",
-        "_lock",
-        "_items_total",
-        "admission",
-        "run",
-        "returned",
-        "__weakref__",
-    )
+    __slots__ = ("calls", "streams", "admission", "run", "returned", "batch_size")
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._calls = itertools.count()
-        self._ok = itertools.count()
-        self._errors = itertools.count()
-        self._owner_cancels = itertools.count()
-        self._cancels = itertools.count()
-        self._streams = itertools.count()
-        self._batches = itertools.count()
-        self._samples: deque[tuple[float, float, float]] = deque()
-        self._returns: deque[float] = deque()
-        self._batch_sizes: deque[int] = deque()
-        self._lock = threading.Lock()
-        self._items_total = 0
+    def __init__(self) -> None:
+        self.calls = dict.fromkeys(_CALL_KEYS, 0)
+        self.streams = dict.fromkeys(_STREAM_KEYS, 0)
         self.admission = Histogram()
         self.run = Histogram()
         self.returned = Histogram()
-        _registry.add(self)
+        self.batch_size = Histogram(items=True)
 
-    # -- events (any thread) ------------------------------------------------
-    def submitted(self) -> None:
-        next(self._calls)
+    def add(self, other: Totals) -> None:
+        for k, v in other.calls.items():
+            self.calls[k] += v
+        for k, v in other.streams.items():
+            self.streams[k] += v
+        self.admission.merge(other.admission)
+        self.run.merge(other.run)
+        self.returned.merge(other.returned)
+        self.batch_size.merge(other.batch_size)
 
-    def finished(self, state: int, op: Any) -> None:
-        if state == _OK:
-            next(self._ok)
-        elif state == _ERROR:
-            next(self._errors)
-        else:
-            next(self._owner_cancels)
-        if op.t_start:
-            self._samples.append((op.t_submit, op.t_start, op.t_end))
-            if len(self._samples) >= _FOLD_AT:
-                self.fold()
+    @property
+    def calls_in_flight(self) -> int:
+        c = self.calls
+        return c["submitted"] - c["ok"] - c["errors"] - c["cancelled"]
 
-    def cancelled(self) -> None:
-        """The caller cancelled (counted in addition to how the call ended)."""
-        next(self._cancels)
+    @property
+    def streams_open(self) -> int:
+        s = self.streams
+        return s["opened"] - s["completed"] - s["errors"] - s["cancelled"]
 
-    def returned_after(self, seconds: float) -> None:
-        self._returns.append(seconds)
-        if len(self._returns) >= _FOLD_AT:
-            self.fold()
+    def as_dict(self) -> dict[str, Any]:
+        """Flat field names; see ``docs/metrics.md``."""
+        c, s = self.calls, self.streams
+        calls_in_flight, streams_open = self.calls_in_flight, self.streams_open
+        return {
+            "calls": c["submitted"],
+            "ok": c["ok"],
+            "errors": c["errors"],
+            "cancelled": c["cancelled"],
+            "caller_cancels": c["caller_cancels"],
+            "calls_in_flight": calls_in_flight,
+            "streams": s["opened"],
+            "streams_completed": s["completed"],
+            "stream_errors": s["errors"],
+            "streams_cancelled": s["cancelled"],
+            "consumer_closes": s["consumer_closes"],
+            "streams_open": streams_open,
+            "in_flight": calls_in_flight + streams_open,
+            "stream_items": s["items"],
+            "stream_batches": s["wakeups"],
+            "items_per_wakeup": s["items"] / s["wakeups"] if s["wakeups"] else None,
+            "admission": self.admission.as_dict(),
+            "run": self.run.as_dict(),
+            "return": self.returned.as_dict(),
+            "batch_size": self.batch_size.as_dict(),
+        }
 
-    def stream_started(self) -> None:
-        next(self._streams)
 
-    def stream_batch(self, items: int) -> None:
-        """The consumer took ``items`` buffered items after one wake-up."""
-        next(self._batches)
-        self._batch_sizes.append(items)
-        if len(self._batch_sizes) >= _FOLD_AT:
-            self.fold()
+class _Data:
+    """What one :class:`Stats` records.  Holds no reference to the Stats, so it
+    can outlive it and be retired into the per-name totals."""
+
+    __slots__ = (
+        "c_ok", "c_errors", "c_cancelled", "c_caller_cancels", "c_submitted",
+        "s_completed", "s_errors", "s_cancelled", "s_closes", "s_opened",
+        "samples", "returns", "sizes", "lock", "items",
+        "admission", "run", "returned", "batch_size",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        count = itertools.count
+        self.c_ok, self.c_errors, self.c_cancelled = count(), count(), count()
+        self.c_caller_cancels, self.c_submitted = count(), count()
+        self.s_completed, self.s_errors, self.s_cancelled = count(), count(), count()
+        self.s_closes, self.s_opened = count(), count()
+        # (t_submit, t_start, t_end); t_end == 0.0 for streams (their run is not timed)
+        self.samples: deque[tuple[float, float, float]] = deque()
+        self.returns: deque[float] = deque()
+        self.sizes: deque[int] = deque()
+        self.lock = threading.RLock()
+        self.items = 0
+        self.admission = Histogram()
+        self.run = Histogram()
+        self.returned = Histogram()
+        self.batch_size = Histogram(items=True)
 
     def fold(self) -> None:
-        """Move raw samples into the histograms."""
-        with self._lock:
-            samples, returns, sizes = self._samples, self._returns, self._batch_sizes
+        """Move raw samples into the histograms (any thread)."""
+        with self.lock:
+            samples, returns, sizes = self.samples, self.returns, self.sizes
             adm, run, ret = self.admission.observe, self.run.observe, self.returned.observe
             for _ in range(len(samples)):
                 t_submit, t_start, t_end = samples.popleft()
@@ -173,60 +241,187 @@ class Stats:
                     run(t_end - t_start)
             for _ in range(len(returns)):
                 ret(returns.popleft())
+            batch, items = self.batch_size.observe, 0
             for _ in range(len(sizes)):
-                self._items_total += sizes.popleft()
+                n = sizes.popleft()
+                items += n
+                batch(n)
+            self.items += items
+
+    def read(self) -> Totals:
+        self.fold()
+        t = Totals()
+        # Outcomes before submissions: a call that ends between the two reads is
+        # then seen as still in flight, never as a negative count.
+        c, s = t.calls, t.streams
+        c["ok"], c["errors"] = _value(self.c_ok), _value(self.c_errors)
+        c["cancelled"], c["caller_cancels"] = _value(self.c_cancelled), _value(self.c_caller_cancels)
+        s["completed"], s["errors"] = _value(self.s_completed), _value(self.s_errors)
+        s["cancelled"], s["consumer_closes"] = _value(self.s_cancelled), _value(self.s_closes)
+        c["submitted"], s["opened"] = _value(self.c_submitted), _value(self.s_opened)
+        with self.lock:
+            s["items"], s["wakeups"] = self.items, self.batch_size.n
+            t.admission.merge(self.admission)
+            t.run.merge(self.run)
+            t.returned.merge(self.returned)
+            t.batch_size.merge(self.batch_size)
+        return t
+
+
+class Stats:
+    """Counters and latency histograms of one loop-affine object.
+
+    The recording methods are called by the core from any thread; read with
+    :meth:`snapshot`.
+    """
+
+    __slots__ = (
+        "name", "_data", "_submitted", "_ok", "_errors", "_cancelled", "_caller_cancels",
+        "_opened", "_s_ok", "_s_errors", "_s_cancelled", "_s_closes", "_samples", "_returns",
+        "_sizes", "__weakref__",
+    )  # fmt: skip
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        d = self._data = _Data()
+        # Direct references for the hot path (one attribute load, no indirection).
+        self._submitted, self._ok, self._errors = d.c_submitted, d.c_ok, d.c_errors
+        self._cancelled, self._caller_cancels = d.c_cancelled, d.c_caller_cancels
+        self._opened, self._s_ok, self._s_errors = d.s_opened, d.s_completed, d.s_errors
+        self._s_cancelled, self._s_closes = d.s_cancelled, d.s_closes
+        self._samples, self._returns, self._sizes = d.samples, d.returns, d.sizes
+        ref = weakref.ref(self, _retire)
+        _live[ref] = (name, d)
+
+    def __repr__(self) -> str:
+        return f"<loopbridge Stats of {self.name}>"
+
+    # -- calls (any thread) -------------------------------------------------
+    def submitted(self) -> None:
+        next(self._submitted)
+
+    def finished(self, state: int, op: Any) -> None:
+        if state == _OK:
+            next(self._ok)
+        elif state == _ERROR:
+            next(self._errors)
+        else:
+            next(self._cancelled)
+        if op.t_start:
+            self._samples.append((op.t_submit, op.t_start, op.t_end))
+            if len(self._samples) >= _FOLD_AT:
+                self._data.fold()
+
+    def cancelled(self) -> None:
+        """The caller cancelled (counted in addition to how the call ended)."""
+        next(self._caller_cancels)
+
+    def returned_after(self, seconds: float) -> None:
+        self._returns.append(seconds)
+        if len(self._returns) >= _FOLD_AT:
+            self._data.fold()
+
+    # -- streams (any thread) -----------------------------------------------
+    def stream_started(self) -> None:
+        next(self._opened)
+
+    def stream_finished(self, state: int, op: Any) -> None:
+        if state == _OK:
+            next(self._s_ok)
+        elif state == _ERROR:
+            next(self._s_errors)
+        else:
+            next(self._s_cancelled)
+        if op.t_start:
+            # Admission only: a stream's lifetime is set by its consumer.
+            self._samples.append((op.t_submit, op.t_start, 0.0))
+            if len(self._samples) >= _FOLD_AT:
+                self._data.fold()
+
+    def stream_closed(self) -> None:
+        """The consumer closed the stream before its end."""
+        next(self._s_closes)
+
+    def stream_batch(self, items: int) -> None:
+        """The consumer took ``items`` items between two wake-ups."""
+        self._sizes.append(items)
+        if len(self._sizes) >= _FOLD_AT:
+            self._data.fold()
 
     # -- reading ------------------------------------------------------------
-    def counters(self) -> dict[str, int]:
-        self.fold()
-        calls = _value(self._calls)
-        ok, errors, owner_cancels = _value(self._ok), _value(self._errors), _value(self._owner_cancels)
-        return {
-            "calls": calls,
-            "ok": ok,
-            "errors": errors,
-            "owner_cancellations": owner_cancels,
-            "cancellations": _value(self._cancels),
-            "in_flight": calls - ok - errors - owner_cancels,
-            "streams": _value(self._streams),
-            "stream_items": self._items_total,
-            "stream_batches": _value(self._batches),
-        }
+    def fold(self) -> None:
+        self._data.fold()
+
+    def totals(self) -> Totals:
+        return self._data.read()
 
     def snapshot(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, **self.counters()}
-        out["items_per_wakeup"] = (
-            out["stream_items"] / out["stream_batches"] if out["stream_batches"] else None
-        )
-        with self._lock:
-            out["admission"] = self.admission.as_dict()
-            out["run"] = self.run.as_dict()
-            out["return"] = self.returned.as_dict()
-        return out
+        """This object's numbers (see ``docs/metrics.md`` for every field)."""
+        return {"name": self.name, **self._data.read().as_dict()}
 
 
-_registry: weakref.WeakSet[Stats] = weakref.WeakSet()
+# ------------------------------------------------------------------ registry
+_live: dict[weakref.ref[Stats], tuple[str, _Data]] = {}
+_dead: deque[tuple[str, _Data]] = deque()
+_retired: dict[str, Totals] = {}
+_retired_lock = threading.Lock()
 
 
-def all_stats() -> list[Stats]:
-    return list(_registry)
+def _retire(ref: weakref.ref[Stats]) -> None:
+    # A weakref callback can run inside any allocation, even one made while a
+    # lock below is held: do nothing here but atomic moves.
+    entry = _live.pop(ref, None)
+    if entry is not None:
+        _dead.append(entry)
+
+
+def _live_data() -> list[tuple[str, _Data]]:
+    while True:
+        try:
+            return list(_live.values())
+        except RuntimeError:  # pragma: no cover - resized by a collection meanwhile
+            continue
+
+
+def totals_by_name() -> dict[str, Totals]:
+    """Totals per object name (live objects plus collected ones), sorted by name."""
+    out: dict[str, Totals] = {}
+    with _retired_lock:
+        while _dead:
+            name, data = _dead.popleft()
+            totals = data.read()
+            into = _retired.get(name)
+            if into is None:
+                _retired[name] = totals
+            else:
+                into.add(totals)
+        for name, retired in _retired.items():
+            out[name] = t = Totals()
+            t.add(retired)
+    for name, data in _live_data():
+        into = out.get(name)
+        if into is None:
+            out[name] = into = Totals()
+        into.add(data.read())
+    return dict(sorted(out.items()))
 
 
 def snapshot() -> dict[str, Any]:
-    """Process-wide totals over every loop-affine object alive."""
-    total: dict[str, Any] = {}
-    adm, run, ret = Histogram(), Histogram(), Histogram()
-    for stats in all_stats():
-        for k, v in stats.counters().items():
-            total[k] = total.get(k, 0) + v
-        with stats._lock:
-            adm.merge(stats.admission)
-            run.merge(stats.run)
-            ret.merge(stats.returned)
-    total.setdefault("calls", 0)
-    batches = total.get("stream_batches", 0)
-    total["items_per_wakeup"] = total.get("stream_items", 0) / batches if batches else None
-    total["admission"] = adm.as_dict()
-    total["run"] = run.as_dict()
-    total["return"] = ret.as_dict()
-    return total
+    """Process-wide numbers: totals, per object name, and per monitored loop.
+
+    The totals' fields are those of :meth:`Stats.snapshot`, plus ``"objects"``
+    (``{name: fields}``; objects of the same class share a name, and objects
+    that were garbage collected stay counted under theirs) and ``"loops"`` (one
+    entry per running :func:`~loopbridge.monitor_lag` monitor).
+    """
+    by_name = totals_by_name()
+    total = Totals()
+    for t in by_name.values():
+        total.add(t)
+    from ._lag import lag_snapshots  # lazily: _lag is optional machinery
+
+    return {
+        **total.as_dict(),
+        "objects": {name: t.as_dict() for name, t in by_name.items()},
+        "loops": lag_snapshots(),
+    }

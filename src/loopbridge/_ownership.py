@@ -56,7 +56,17 @@ class MemberKind(enum.Enum):
 class Ownership:
     """Owner loop plus member declarations of one instance."""
 
-    __slots__ = ("_loop", "_port", "stable", "threadsafe", "_lock", "name", "stats", "__weakref__")
+    __slots__ = (
+        "_loop",
+        "_port",
+        "_tid_check",
+        "stable",
+        "threadsafe",
+        "_lock",
+        "name",
+        "stats",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -67,6 +77,7 @@ class Ownership:
     ) -> None:
         self._loop = loop
         self._port: Port | None = None
+        self._tid_check = _has_thread_id(loop)
         self.stable = stable
         self.threadsafe = threadsafe
         self._lock = threading.Lock()
@@ -102,8 +113,31 @@ class Ownership:
     def set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             self._loop = loop
+            self._tid_check = _has_thread_id(loop)
             self._port = None
 
+
+def _has_thread_id(loop: Any) -> bool:
+    """Stock asyncio loops set ``_thread_id`` exactly while they run.
+
+    So ``loop._thread_id == threading.get_ident()`` answers "is this loop the
+    one running on this thread" without ``get_running_loop()``, which makes a
+    ``getpid()`` system call on every use on CPython 3.11.
+    """
+    return isinstance(loop, asyncio.BaseEventLoop)
+
+
+def on_owner_thread(own: Ownership) -> bool:
+    """True when the owner loop is the loop running on this thread."""
+    loop = own._loop
+    if loop is None:
+        return False
+    if own._tid_check:
+        return loop._thread_id == _get_ident()  # type: ignore[attr-defined, no-any-return]
+    return get_running_loop() is loop
+
+
+_get_ident = threading.get_ident
 
 # --------------------------------------------------------------------- lookup
 _foreign: weakref.WeakKeyDictionary[Any, Ownership] = weakref.WeakKeyDictionary()
@@ -298,19 +332,17 @@ def _affinity_violation(self: Any, fn: Callable[..., Any], loop: Any, owner: Any
 
 
 def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap an async member so direct use from a foreign loop is caught at the call site."""
+    """Wrap an async member so direct use from a foreign loop is caught at the call site.
 
-    @functools.wraps(fn)
-    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        own = self.__dict__.get(_ATTR)
-        if own is not None:
-            owner = own._loop
-            if owner is not None:
-                loop = get_running_loop()
-                if loop is not owner and loop is not None and _Policy.mode != "off":
-                    _affinity_violation(self, fn, loop, owner)
-        return fn(self, *args, **kwargs)
-
+    The wrapper has the member's exact signature (``*args, **kwargs`` forwarding
+    costs more than the check itself) and tests the owner's thread first; only
+    off the owner thread does it look up the running loop.
+    """
+    try:
+        guarded = _exact_wrapper(fn)
+    except (TypeError, ValueError, SyntaxError):  # pragma: no cover - exotic signatures
+        guarded = _generic_wrapper(fn)
+    functools.update_wrapper(guarded, fn)
     setattr(guarded, _ORIGINAL, fn)
     mark = getattr(inspect, "markcoroutinefunction", None)
     if mark is not None and inspect.iscoroutinefunction(fn):
@@ -318,6 +350,98 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     elif inspect.iscoroutinefunction(fn):
         guarded._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
     return guarded
+
+
+def _check(self: Any, fn: Callable[..., Any]) -> None:
+    """The slow half of the check: we are not on the owner's thread."""
+    own = self.__dict__.get(_ATTR)
+    if own is None:
+        return
+    owner = own._loop
+    if owner is None or _Policy.mode == "off":
+        return
+    loop = get_running_loop()
+    if loop is not owner and loop is not None:
+        _affinity_violation(self, fn, loop, owner)
+
+
+def _generic_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        own = self.__dict__.get(_ATTR)
+        if own is not None and not (own._tid_check and own._loop._thread_id == _get_ident()):
+            _check(self, fn)
+        return fn(self, *args, **kwargs)
+
+    return guarded
+
+
+_TEMPLATE = """
+def make(__lb_fn, __lb_check, __lb_ident, __lb_key{defaults}):
+    def guarded({params}):
+        __lb_own = {self_name}.__dict__.get(__lb_key)
+        if __lb_own is not None and not (
+            __lb_own._tid_check and __lb_own._loop._thread_id == __lb_ident()
+        ):
+            __lb_check({self_name}, __lb_fn)
+        return __lb_fn({forward})
+    return guarded
+"""
+
+
+def _exact_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(fn)
+    P = inspect.Parameter
+    params: list[str] = []
+    forward: list[str] = []
+    defaults: dict[str, Any] = {}
+    seen_kwonly = False
+    posonly_open = False
+    for i, p in enumerate(sig.parameters.values()):
+        if p.name.startswith("__lb_"):
+            raise ValueError(p.name)
+        text = p.name
+        if p.default is not P.empty:
+            key = f"__lb_d{i}"
+            defaults[key] = p.default
+            text = f"{p.name}={key}"
+        if p.kind is P.POSITIONAL_ONLY:
+            posonly_open = True
+        elif posonly_open:
+            params.append("/")
+            posonly_open = False
+        if p.kind is P.VAR_POSITIONAL:
+            params.append(f"*{p.name}")
+            forward.append(f"*{p.name}")
+            seen_kwonly = True
+            continue
+        if p.kind is P.VAR_KEYWORD:
+            params.append(f"**{p.name}")
+            forward.append(f"**{p.name}")
+            continue
+        if p.kind is P.KEYWORD_ONLY:
+            if not seen_kwonly:
+                params.append("*")
+                seen_kwonly = True
+            params.append(text)
+            forward.append(f"{p.name}={p.name}")
+            continue
+        params.append(text)
+        forward.append(p.name)
+    if posonly_open:
+        params.append("/")
+    first = next(iter(sig.parameters.values()), None)
+    if first is None or first.kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+        raise ValueError("not a method")
+    src = _TEMPLATE.format(
+        defaults="".join(f", {k}" for k in defaults),
+        params=", ".join(params),
+        self_name=first.name,
+        forward=", ".join(forward),
+    )
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<loopbridge check of {fn.__qualname__}>", "exec"), ns)
+    made: Callable[..., Any] = ns["make"](fn, _check, _get_ident, _ATTR, **defaults)
+    return made
 
 
 def original(fn: Any) -> Any:

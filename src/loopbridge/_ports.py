@@ -75,6 +75,7 @@ class Port:
         "_keeper",
         "_watched",
         "_watch_handle",
+        "thread_id",
         "__weakref__",
     )
 
@@ -102,6 +103,8 @@ class Port:
         # Owner ports that callers on *this* loop are waiting on -> count.
         self._watched: dict[Port, int] = {}
         self._watch_handle: asyncio.TimerHandle | None = None
+        # The thread seen running this loop (for hang dumps; uvloop has no _thread_id).
+        self.thread_id: int | None = None
 
     def __repr__(self) -> str:
         return f"<Port {self.label}{' dead' if self.dead else ''}>"
@@ -117,7 +120,7 @@ class Port:
     def _wake(self) -> None:
         here = get_running_loop()
         if here is not None and here is not self.loop:
-            src = _ports.get(here)
+            src = getattr(here, _ATTR, None)
             if src is not None and src._ready:
                 # More work is ready on the posting loop: send one wake at the
                 # end of its iteration, for everything posted meanwhile.
@@ -236,6 +239,7 @@ class Port:
         """A task that notices when the loop shuts down (asyncio.run, LoopThread.stop)."""
         if self._keeper is None and self.dead is None:
             self.ran = True
+            self.thread_id = threading.get_ident()
             self._keeper = self.loop.create_task(self._keep(), name="loopbridge-keeper")
 
     async def _keep(self) -> None:
@@ -258,6 +262,7 @@ def _fresh(exc: BaseException) -> BaseException:
     return type(exc)(*exc.args)
 
 
+_ATTR = "_loopbridge_port"
 _registry_lock = threading.Lock()
 _ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
 _retired: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -270,6 +275,9 @@ def rearm(loop: asyncio.AbstractEventLoop) -> None:
 
 def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
     """The port of an asyncio loop, created on first use (any thread)."""
+    port = getattr(loop, _ATTR, None)
+    if port is not None and port.dead is None:
+        return port  # type: ignore[no-any-return]
     port = _ports.get(loop)
     if port is not None:
         return port
@@ -282,6 +290,12 @@ def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
         if port is None:
             port = Port(loop, loop.call_soon_threadsafe, _loop_label(loop))
             _ports[loop] = port
+            try:
+                # The hot path reads the port from the loop itself: an attribute
+                # lookup instead of a WeakKeyDictionary call.
+                setattr(loop, _ATTR, port)
+            except AttributeError:  # pragma: no cover - a loop without attributes
+                pass
             created = True
         else:
             created = False
@@ -295,8 +309,13 @@ def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
 
 def running_port(loop: asyncio.AbstractEventLoop) -> Port:
     """Fast path for the caller's own (running) loop."""
-    port = _ports.get(loop)
-    return port if port is not None else port_for_loop(loop)
+    port = getattr(loop, _ATTR, None)
+    if port is not None and port.dead is None:
+        return port  # type: ignore[no-any-return]
+    # We are running on this loop, so it is alive whatever was concluded before
+    # (its keeper may have been cancelled by a cancel-all sweep).
+    _retired.discard(loop)
+    return port_for_loop(loop)
 
 
 def _loop_label(loop: Any) -> str:

@@ -18,6 +18,8 @@ from ._errors import LoopAffinityError
 from ._metrics import Stats
 from ._ownership import MemberKind, Ownership, classify, original, ownership_of
 from ._ports import get_running_loop
+
+get_ident = threading.get_ident
 from ._streams import BlockingStream, Channel, RemoteStream
 from ._trio import current_library
 
@@ -36,11 +38,13 @@ def _async_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     what = f"{fn.__qualname__}()"
 
     def member(self: Any, *args: Any, **kwargs: Any) -> Any:
+        own = self._lb_own
+        if own._tid_check and own._loop._thread_id == get_ident():
+            return fn(self._lb_target, *args, **kwargs)  # same loop: straight through
         loop = get_running_loop()
         if loop is not None:
-            own = self._lb_own
             if loop is own._loop:
-                return fn(self._lb_target, *args, **kwargs)  # same loop: straight through
+                return fn(self._lb_target, *args, **kwargs)  # same loop (uvloop)
             return call_from_loop(
                 loop, fn, (self._lb_target, *args), kwargs, what, own, self._lb_stats, self._lb_grace
             )

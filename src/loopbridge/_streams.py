@@ -33,6 +33,8 @@ from collections import deque
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from ._calls import _thread_name, annotate
+from ._diagnose import submission_site, tracing
+from ._eager import start_task
 from ._errors import LoopAffinityError
 from ._metrics import Stats
 from ._ports import LIVENESS_INTERVAL, Port, get_running_loop, running_port
@@ -76,6 +78,10 @@ class Channel:
         "t_end",
         "submitted_from",
         "caller_label",
+        "counted",
+        "site",
+        "agen",
+        "t_parked",
         "__weakref__",
     )
 
@@ -118,16 +124,21 @@ class Channel:
         self.t_end = 0.0
         self.submitted_from = threading.get_ident()
         self.caller_label = ""
+        # Metrics and hang dumps only: items already counted as delivered, where
+        # the stream was opened, the generator, when the consumer last parked.
+        self.counted = 0
+        self.site = submission_site() if tracing.on else None
+        self.agen: Any = None
+        self.t_parked = 0.0
 
     def open(self) -> None:
         owner = self.own.port()
         self.owner = owner
-        self.stats.submitted()
         self.stats.stream_started()
         try:
             owner.submit(self, _start_pump)
         except BaseException:
-            self.stats.finished(_ERROR, self)
+            self.stats.stream_finished(_ERROR, self)
             raise
 
     # -- any thread ---------------------------------------------------------
@@ -140,7 +151,7 @@ class Channel:
         self.t_end = _perf()
         if self.owner is not None:
             self.owner.done(self)
-        self.stats.finished(kind, self)
+        self.stats.stream_finished(kind, self)
         if self.consumer_parked:
             self.consumer_parked = False
             self.wake_consumer()
@@ -162,6 +173,13 @@ class Channel:
             "consumer_parked": self.consumer_parked,
             "producer_parked": self.producer_parked,
         }
+
+    def delivered(self, taken: int) -> None:
+        """Count the items the consumer took since it last parked (consumer side)."""
+        n = taken - self.counted
+        if n > 0:
+            self.counted = taken
+            self.stats.stream_batch(n)
 
     def request_close(self, msg: str | None) -> None:
         """Ask the owner to close the generator (any thread, never blocks)."""
@@ -220,13 +238,13 @@ def _start_pump(ch: Channel) -> None:
     loop = owner.loop
     coro = _pump(ch, loop)
     if _PY311:
-        ch.pump = loop.create_task(coro, context=ch.ctx)
+        ch.pump = start_task(loop, coro, ch.ctx)
     else:  # pragma: no cover
         ch.pump = ch.ctx.run(loop.create_task, coro)
 
 
 async def _pump(ch: Channel, loop: asyncio.AbstractEventLoop) -> None:
-    agen = ch.fn(*ch.args, **ch.kwargs)
+    agen = ch.agen = ch.fn(*ch.args, **ch.kwargs)
     buf = ch.buf
     window = ch.window
     produced = 0
@@ -378,12 +396,11 @@ class RemoteStream(Generic[Y]):
             self._begin()
         while True:
             if buf:
-                n = len(buf)
-                ch.stats.stream_batch(n)
                 self._taken += 1
                 if self._taken - ch.acked >= ch.ack_every:
                     ch.ack(self._taken)
                 return buf.popleft()  # type: ignore[no-any-return]
+            ch.delivered(self._taken)
             if ch.end:
                 self._settled()
                 ch.raise_end()
@@ -397,6 +414,7 @@ class RemoteStream(Generic[Y]):
             return
         loop = self._loop
         waiter = ch.consumer_waiter = loop.create_future()
+        ch.t_parked = _perf()
         ch.consumer_parked = True
         if ch.buf or ch.end:
             ch.consumer_parked = False
@@ -417,6 +435,7 @@ class RemoteStream(Generic[Y]):
 
         ch = self._ch
         event = ch.consumer_waiter = trio.Event()
+        ch.t_parked = _perf()
         ch.consumer_parked = True
         if ch.buf or ch.end:
             ch.consumer_parked = False
@@ -436,9 +455,10 @@ class RemoteStream(Generic[Y]):
     async def _close_and_wait(self, msg: str | None) -> None:
         """Close the owner-side generator; wait (bounded) for its cleanup."""
         ch = self._ch
+        ch.delivered(self._taken)
         if ch.end:
             return
-        ch.stats.cancelled()
+        ch.stats.stream_closed()
         ch.request_close(msg)
         deadline = _perf() + self._grace
         if self._loop == "trio":
@@ -478,6 +498,7 @@ class RemoteStream(Generic[Y]):
     async def aclose(self) -> None:
         """Close the owner-side generator on the owner loop and wait for its cleanup."""
         ch = self._ch
+        ch.delivered(self._taken)
         if self._loop is None or ch.end:
             ch.end = ch.end or _DONE
             return
@@ -498,8 +519,10 @@ class RemoteStream(Generic[Y]):
         # Dropped without being exhausted or closed (e.g. `break` out of
         # `async for`): close the generator on its owner, without waiting.
         ch = self._ch
-        if self._loop is not None and not ch.end:
-            ch.request_close(None)
+        if self._loop is not None:
+            ch.delivered(self._taken)
+            if not ch.end:
+                ch.request_close(None)
 
 
 def _wake_consumer(ch: Channel) -> None:
@@ -564,15 +587,13 @@ class BlockingStream(Generic[Y]):
                 raise StopIteration
             self._begin()
         buf = ch.buf
-        parked = False
         while True:
             if buf:
-                if parked:
-                    ch.stats.stream_batch(len(buf))
                 self._taken += 1
                 if self._taken - ch.acked >= ch.ack_every:
                     ch.ack(self._taken)
                 return buf.popleft()  # type: ignore[no-any-return]
+            ch.delivered(self._taken)
             if ch.end:
                 buf.clear()
                 try:
@@ -581,11 +602,11 @@ class BlockingStream(Generic[Y]):
                     raise StopIteration from None
             ch.ack(self._taken)
             self._park()
-            parked = True
 
     def _park(self) -> None:
         ch = self._ch
         lock = self._lock
+        ch.t_parked = _perf()
         ch.consumer_parked = True
         if ch.buf or ch.end:
             ch.consumer_parked = False
@@ -607,10 +628,11 @@ class BlockingStream(Generic[Y]):
     def close(self) -> None:
         """Close the owner-side generator on the owner loop; wait (bounded) for cleanup."""
         ch = self._ch
+        ch.delivered(self._taken)
         if not self._started or ch.end:
             ch.end = ch.end or _DONE
             return
-        ch.stats.cancelled()
+        ch.stats.stream_closed()
         ch.request_close(None)
         deadline = _perf() + self._grace
         while not ch.end and _perf() < deadline:
@@ -630,5 +652,7 @@ class BlockingStream(Generic[Y]):
         self.close()
 
     def __del__(self) -> None:
-        if self._started and not self._ch.end:
-            self._ch.request_close(None)
+        if self._started:
+            self._ch.delivered(self._taken)
+            if not self._ch.end:
+                self._ch.request_close(None)

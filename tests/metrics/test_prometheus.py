@@ -1,0 +1,147 @@
+"""The Prometheus collector exports the real numbers of real cross-loop calls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import loopbridge as lb
+from loopbridge._lag import monitor_lag
+from loopbridge.prometheus import LoopbridgeCollector
+
+
+@lb.loop_affine
+class PromEngine:
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
+    async def echo(self, x: int) -> int:
+        return x
+
+    async def fail(self) -> None:
+        raise ValueError("bad")
+
+    async def held(self) -> None:
+        await self.gate.wait()
+
+    async def open_gate(self) -> None:
+        self.gate.set()
+
+    async def count(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+
+
+async def _make() -> PromEngine:
+    return PromEngine()
+
+
+OBJ = "PromEngine object"
+
+
+def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``{(sample name, sorted labels): value}`` from the text exposition."""
+    text = generate_latest(registry).decode()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def test_collector_reports_real_calls_streams_and_lag(asyncio_owner: lb.LoopThread) -> None:
+    registry = CollectorRegistry()
+    registry.register(LoopbridgeCollector())
+    engine = asyncio_owner.run(_make)
+    p = lb.proxy(engine)
+    mon = monitor_lag(asyncio_owner.loop, interval=0.01, name="prom-owner")
+
+    async def main() -> None:
+        for i in range(25):
+            assert await p.echo(i) == i
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                await p.fail()
+        assert [i async for i in p.count(300)] == list(range(300))
+        held = [asyncio.create_task(p.held()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        during = scrape(registry)
+        assert value(during, "loopbridge_calls_in_flight", object=OBJ) == 3
+        assert value(during, "loopbridge_calls_total", object=OBJ) == 30
+        await p.open_gate()
+        await asyncio.gather(*held)
+
+    try:
+        asyncio.run(main())
+        asyncio_owner.loop.call_soon_threadsafe(time.sleep, 0.12)  # a blocked owner loop
+        deadline = time.monotonic() + 5
+        while mon.max_s < 0.1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s = scrape(registry)
+    finally:
+        mon.stop()
+
+    assert value(s, "loopbridge_calls_total", object=OBJ) == 31
+    assert value(s, "loopbridge_calls_ended_total", object=OBJ, outcome="ok") == 29
+    assert value(s, "loopbridge_calls_ended_total", object=OBJ, outcome="error") == 2
+    assert value(s, "loopbridge_calls_ended_total", object=OBJ, outcome="cancelled") == 0
+    assert value(s, "loopbridge_calls_in_flight", object=OBJ) == 0
+    assert value(s, "loopbridge_streams_total", object=OBJ) == 1
+    assert value(s, "loopbridge_streams_ended_total", object=OBJ, outcome="completed") == 1
+    assert value(s, "loopbridge_stream_items_total", object=OBJ) == 300
+    wakeups = value(s, "loopbridge_stream_wakeups_total", object=OBJ)
+    assert 1 <= wakeups <= 300
+    assert value(s, "loopbridge_stream_items_per_wakeup_sum", object=OBJ) == 300
+    assert value(s, "loopbridge_stream_items_per_wakeup_count", object=OBJ) == wakeups
+
+    # Histograms: one admission sample per call and stream, one run sample per
+    # call, cumulative buckets ending in +Inf == count, sums agree with snapshot.
+    snap = lb.stats_of(p).snapshot()
+    assert value(s, "loopbridge_admission_seconds_count", object=OBJ) == 32
+    assert value(s, "loopbridge_run_seconds_count", object=OBJ) == 31
+    assert value(s, "loopbridge_return_seconds_count", object=OBJ) == 31
+    assert value(s, "loopbridge_run_seconds_sum", object=OBJ) == pytest.approx(snap["run"]["sum_s"])
+    for hist in ("admission", "run", "return"):
+        name = f"loopbridge_{hist}_seconds_bucket"
+        buckets = sorted(
+            (float(dict(labels)["le"]), v)
+            for (n, labels), v in s.items()
+            if n == name and dict(labels)["object"] == OBJ
+        )
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts)  # cumulative
+        assert buckets[-1] == (float("inf"), value(s, f"loopbridge_{hist}_seconds_count", object=OBJ))
+    # The held calls ran ~50 ms: they are above the 32 ms bucket, below 1 s.
+    assert value(s, "loopbridge_run_seconds_bucket", object=OBJ, le="0.032768") <= 28
+    assert value(s, "loopbridge_run_seconds_bucket", object=OBJ, le="1.048576") == 31
+
+    # The lag monitor of the blocked owner loop.
+    assert value(s, "loopbridge_loop_lag_max_seconds", loop="prom-owner") >= 0.1
+    lag_count = value(s, "loopbridge_loop_lag_seconds_count", loop="prom-owner")
+    assert lag_count >= 2
+    assert value(s, "loopbridge_loop_lag_seconds_bucket", loop="prom-owner", le="+Inf") == lag_count
+    assert value(s, "loopbridge_loop_lag_seconds_bucket", loop="prom-owner", le="0.065536") < lag_count
+
+    # Stopped monitors are no longer exported.
+    assert not [k for k in scrape(registry) if dict(k[1]).get("loop") == "prom-owner"]
+
+
+def test_registration_is_described_and_checked() -> None:
+    registry = CollectorRegistry()
+    registry.register(LoopbridgeCollector(namespace="lbtest"))
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        registry.register(LoopbridgeCollector(namespace="lbtest"))
+    with pytest.raises(ValueError, match="namespace"):
+        LoopbridgeCollector(namespace="bad-name")
+    text = generate_latest(registry).decode()
+    assert "# TYPE lbtest_calls_total counter" in text
+    assert "# TYPE lbtest_admission_seconds histogram" in text
