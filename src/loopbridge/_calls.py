@@ -224,11 +224,11 @@ async def _run(call: Call, loop: asyncio.AbstractEventLoop) -> None:
 def _owner_cancelled(arg: tuple[Call, asyncio.CancelledError]) -> None:
     call, exc = arg
     owner = call.owner
-    if owner is not None and owner.shutting_down():
-        owner.check_alive()
-        if owner.dead is not None:
-            call.settle(_ERROR, type(owner.dead)(*owner.dead.args))
-            return
+    if owner is not None and owner.die_if_shutting_down():
+        dead = owner.dead
+        assert dead is not None
+        call.settle(_ERROR, type(dead)(*dead.args))  # no-op: die() already failed it
+        return
     call.settle(_CANCELLED, exc)
 
 

@@ -240,21 +240,37 @@ class Port:
         if self._keeper is None and self.dead is None:
             self.ran = True
             self.thread_id = threading.get_ident()
-            self._keeper = self.loop.create_task(self._keep(), name="loopbridge-keeper")
+            keeper = self.loop.create_task(self._keep(), name="loopbridge-keeper")
+            # A done callback, not an except clause: a sweep may cancel the
+            # keeper before its first step, and then no handler inside runs.
+            keeper.add_done_callback(self._keeper_done)
+            self._keeper = keeper
 
     async def _keep(self) -> None:
-        try:
-            await self.loop.create_future()
-        except asyncio.CancelledError:
-            # Loop shutdown cancels every task in one sweep.  Owner-side tasks
-            # that were cancelled in the same sweep look at this flag (one
-            # iteration later) to report OwnerLoopClosed rather than a cancel.
-            self.die(OwnerLoopClosed(f"{self.label} is shutting down"))
-            raise
+        await self.loop.create_future()
+
+    def _keeper_done(self, _: object) -> None:
+        self.die(OwnerLoopClosed(f"{self.label} is shutting down"))
 
     def shutting_down(self) -> bool:
+        """Whether a shutdown sweep (which cancels the keeper) has begun.
+
+        Owner-side tasks cancelled in the same sweep ask this (one iteration
+        later) to report OwnerLoopClosed rather than a cancel.
+        """
+        if self.dead is not None:
+            return True
         keeper = self._keeper
-        return self.dead is not None or (keeper is not None and keeper.done())
+        if keeper is None:
+            return False
+        cancelling = getattr(keeper, "cancelling", None)
+        return keeper.done() or (cancelling is not None and cancelling() > 0)
+
+    def die_if_shutting_down(self) -> bool:
+        if self.shutting_down():
+            self.die(OwnerLoopClosed(f"{self.label} is shutting down"))
+            return True
+        return False
 
 
 def _fresh(exc: BaseException) -> BaseException:

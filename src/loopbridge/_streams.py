@@ -303,11 +303,11 @@ async def _aclose_quietly(agen: Any) -> None:
 def _owner_cancelled(arg: tuple[Channel, asyncio.CancelledError]) -> None:
     ch, exc = arg
     owner = ch.owner
-    if owner is not None and owner.shutting_down():
-        owner.check_alive()
-        if owner.dead is not None:
-            ch.finish(_ERROR, type(owner.dead)(*owner.dead.args))
-            return
+    if owner is not None and owner.die_if_shutting_down():
+        dead = owner.dead
+        assert dead is not None
+        ch.finish(_ERROR, type(dead)(*dead.args))  # no-op: die() already failed it
+        return
     ch.finish(_CANCELLED, exc)
 
 
