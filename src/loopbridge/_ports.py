@@ -28,6 +28,7 @@ the loop stops or closes each of them can be failed with
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import weakref
 from collections import deque
@@ -76,6 +77,7 @@ class Port:
         "_watched",
         "_watch_handle",
         "thread_id",
+        "_wakes",
         "__weakref__",
     )
 
@@ -105,6 +107,7 @@ class Port:
         self._watch_handle: asyncio.TimerHandle | None = None
         # The thread seen running this loop (for hang dumps; uvloop has no _thread_id).
         self.thread_id: int | None = None
+        self._wakes = itertools.count()  # exact from any thread
 
     def __repr__(self) -> str:
         return f"<Port {self.label}{' dead' if self.dead else ''}>"
@@ -137,7 +140,13 @@ class Port:
         for port in outgoing:
             port._send_wake()
 
+    @property
+    def wakeups(self) -> int:
+        """Cross-thread wake-ups sent to this loop so far."""
+        return int(repr(self._wakes)[6:-1])
+
     def _send_wake(self) -> None:
+        next(self._wakes)
         try:
             self._schedule_threadsafe(self._drain)
         except Exception as exc:  # closed asyncio loop, finished trio run

@@ -306,3 +306,24 @@ def test_unsupported_context_is_a_typed_error(engine: Engine) -> None:
     gen = driver().__await__()
     with pytest.raises(lb.LoopAffinityError, match="asyncio loop or trio"):
         gen.send(None)
+
+
+def test_concurrent_calls_share_wake_ups(asyncio_owner: lb.LoopThread) -> None:
+    from loopbridge._ports import port_for_loop
+
+    p = lb.proxy(asyncio_owner.run(_make))
+    owner_port = port_for_loop(asyncio_owner.loop)
+
+    async def main() -> tuple[int, int]:
+        caller_port = port_for_loop(asyncio.get_running_loop())
+        await p.echo(0)  # warm up: ports exist
+        before = owner_port.wakeups, caller_port.wakeups
+        for _ in range(20):
+            assert await asyncio.gather(*(p.echo(i) for i in range(64))) == list(range(64))
+        return owner_port.wakeups - before[0], caller_port.wakeups - before[1]
+
+    to_owner, to_caller = asyncio.run(main())
+    # 1280 calls: without batching that is 1280 wake-ups each way.
+    print(f"wake-ups for 1280 calls: to owner {to_owner}, to caller {to_caller}")
+    assert to_owner <= 20 * 4, to_owner
+    assert to_caller <= 20 * 4, to_caller
