@@ -46,7 +46,11 @@ class _StandInWorker:
         self._executor = executor
         self._requests: dict[str, _Progress] = {}
         self._pending: ModelRunnerOutput | None = None
-        self.step_s = float(os.environ.get(STEP_ENV, "0") or 0)
+        raw = os.environ.get(STEP_ENV, "") or "0"
+        try:
+            self.step_s = float(raw)
+        except ValueError:
+            raise ValueError(f"{STEP_ENV} must be a number of seconds, got {raw!r}") from None
         self.token_base = _FIRST_TOKEN
         self.steps = 0
 
@@ -151,13 +155,27 @@ class _StandInWorker:
     def standin_steps(self) -> int:
         return self.steps
 
+    def standin_set_step_s(self, seconds: float) -> float:
+        """Change the emulated forward-pass time; returns the previous one."""
+        if not 0 <= seconds <= 10:
+            raise ValueError(f"step time must be in [0, 10] s, got {seconds}")
+        old, self.step_s = self.step_s, float(seconds)
+        return old
+
+    def standin_active_requests(self) -> int:
+        """Requests the scheduler has sent and not yet reported finished."""
+        return len(self._requests)
+
     # Control calls that need no work on a device.
     def _noop(self, *args: Any, **kwargs: Any) -> None:
         return None
 
     check_health = shutdown = sleep = wake_up = discard = _noop
     reset_mm_cache = reset_encoder_cache = profile = _noop
-    execute_dummy_batch = _noop
+    execute_dummy_batch = synchronize_device = _noop
+    # The RL weight-transfer lifecycle (no weights to move here).
+    start_weight_update = start_draft_weight_update = finish_weight_update = _noop
+    shutdown_weight_transfer_engine = _noop
 
 
 class StandInExecutor(Executor):

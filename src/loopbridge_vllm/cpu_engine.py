@@ -124,7 +124,7 @@ def _write_tiny_model(out: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 8, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         unk_token="<unk>",
         bos_token="<s>",
@@ -143,10 +143,10 @@ def _write_tiny_model(out: Path) -> None:
         max_position_embeddings=1024,
         bos_token_id=tok.token_to_id("<s>"),
         eos_token_id=tok.token_to_id("</s>"),
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(out, safe_serialization=True)
 
 

@@ -33,10 +33,18 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from loopbridge import LoopAffinityError, owner_loop
+
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
 
-__all__ = ["OpenAIServer", "ServerStartError", "serve_args", "start_openai_server"]
+__all__ = [
+    "OpenAIServer",
+    "ServerStartError",
+    "astart_openai_server",
+    "serve_args",
+    "start_openai_server",
+]
 
 _log = logging.getLogger("loopbridge_vllm.server")
 
@@ -60,7 +68,7 @@ def _launchers() -> tuple[Callable[..., Any], Callable[..., Any]]:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.app import build_app
     except ImportError:  # pragma: no cover - older vLLM
-        from vllm.entrypoints.openai.api_server import (  # type: ignore[attr-defined,no-redef]
+        from vllm.entrypoints.openai.api_server import (
             build_app,
             init_app_state,
         )
@@ -76,7 +84,9 @@ def _make_parser() -> argparse.ArgumentParser:
         from vllm.entrypoints.openai.cli_args import (  # type: ignore[import-not-found,no-redef]
             make_arg_parser,
         )
-    parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser())
+    parser: argparse.ArgumentParser = make_arg_parser(
+        FlexibleArgumentParser()  # type: ignore[no-untyped-call]
+    )
     return parser
 
 
@@ -164,9 +174,28 @@ class OpenAIServer:
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> OpenAIServer:
-        """Start the thread; return once connections are served."""
+        """Start the thread; return once connections are served.
+
+        Start-up needs the engine's owner loop (it asks the engine for its
+        tasks), so on the owner loop's own thread use ``await astart()``.
+        """
+        if self._on_owner_thread():
+            raise LoopAffinityError(
+                "start() on the engine's owner loop would wait for that same loop: "
+                "use `await server.astart()` (or astart_openai_server) there"
+            )
         self._thread.start()
-        if not self._ready.wait(timeout):
+        ready = self._ready.wait(timeout)
+        return self._started(ready, timeout)
+
+    async def astart(self, timeout: float = 120.0) -> OpenAIServer:
+        """:meth:`start` for async callers; the calling loop keeps running meanwhile."""
+        self._thread.start()
+        ready = await asyncio.to_thread(self._ready.wait, timeout)
+        return self._started(ready, timeout)
+
+    def _started(self, ready: bool, timeout: float) -> OpenAIServer:
+        if not ready:
             self._abort_start()
             raise ServerStartError(f"server did not start within {timeout} s")
         if self._error is not None or not self.running:
@@ -174,6 +203,17 @@ class OpenAIServer:
             self._sock.close()
             raise ServerStartError("server thread failed to start") from self._error
         return self
+
+    def _on_owner_thread(self) -> bool:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        try:
+            owner = owner_loop(self.client)
+        except LoopAffinityError:
+            return False
+        return running is owner
 
     @property
     def running(self) -> bool:
@@ -202,6 +242,15 @@ class OpenAIServer:
         """
         if threading.current_thread() is self._thread:
             raise RuntimeError("stop() called from the server's own thread")
+        if self._thread.ident is None:  # never started
+            self._signal_exit()
+            self._sock.close()
+            return
+        if self._on_owner_thread() and self._thread.is_alive():
+            raise LoopAffinityError(
+                "stop() on the engine's owner loop would block the loop that running "
+                "requests need to finish: use `await server.aclose()` there"
+            )
         self._signal_exit()
         limit = self.grace + 5.0 if timeout is None else timeout
         self._thread.join(limit)
@@ -217,7 +266,9 @@ class OpenAIServer:
             raise ValueError("no engine to shut down was given to this server")
         self._engine = None
         if engine is not None:
-            engine.shutdown()
+            from loopbridge_vllm.engine import shutdown_engine as _shutdown
+
+            _shutdown(engine)
 
     async def aclose(self, timeout: float | None = None, *, shutdown_engine: bool | None = None) -> None:
         """:meth:`stop` for async callers (the owner loop stays free meanwhile)."""
@@ -346,12 +397,63 @@ def start_openai_server(
     namespace. With ``shutdown_engine=True``, :meth:`OpenAIServer.stop` shuts
     the engine down after the server has stopped.
     """
+    server = _prepare(
+        engine, host, port, serve_argv, args, grace, shutdown_engine, log_level, proxy_options
+    )
+    return server.start(start_timeout)
+
+
+async def astart_openai_server(
+    engine: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    serve_argv: Sequence[str] = (),
+    args: argparse.Namespace | None = None,
+    grace: float = 5.0,
+    shutdown_engine: bool = False,
+    log_level: str = "warning",
+    start_timeout: float = 120.0,
+    **proxy_options: Any,
+) -> OpenAIServer:
+    """:func:`start_openai_server` for async code, including the engine's owner loop.
+
+    A Ray async actor that owns the engine calls this from one of its async
+    methods: the actor's loop keeps serving the engine while the server starts.
+    """
+    server = _prepare(
+        engine, host, port, serve_argv, args, grace, shutdown_engine, log_level, proxy_options
+    )
+    return await server.astart(start_timeout)
+
+
+def _prepare(
+    engine: Any,
+    host: str,
+    port: int,
+    serve_argv: Sequence[str],
+    args: argparse.Namespace | None,
+    grace: float,
+    shutdown_engine: bool,
+    log_level: str,
+    proxy_options: dict[str, Any],
+) -> OpenAIServer:
     from loopbridge_vllm.engine import engine_client_proxy, is_engine_client_proxy
 
     client = engine if is_engine_client_proxy(engine) else engine_client_proxy(engine, **proxy_options)
+    owner = owner_loop(client)
+    if owner is None:
+        raise LoopAffinityError(
+            "the engine has no owner loop yet: build it on a running loop, or record "
+            "the loop with loopbridge_vllm.bind_owner_loop() before serving it"
+        )
+    if client.errored:
+        raise ServerStartError("the engine is not healthy") from client.dead_error
+    if owner.is_closed():
+        raise ServerStartError("the engine's owner loop is closed")
     if args is None:
         args = serve_args(client, serve_argv)
-    server = OpenAIServer(
+    return OpenAIServer(
         client,
         host=host,
         port=port,
@@ -360,4 +462,3 @@ def start_openai_server(
         log_level=log_level,
         engine=client if shutdown_engine else None,
     )
-    return server.start(start_timeout)

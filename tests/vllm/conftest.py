@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_engines import CACHE, OwnerThread, start_engine, stop_engine
+from vllm_engines import CACHE, start_engine, stop_engine
+
+from loopbridge import LoopThread
 
 from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
 
@@ -33,8 +35,26 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_engine(tiny_model: Path) -> Iterator[tuple[OwnerThread, Any]]:
+def shared_engine(tiny_model: Path) -> Iterator[tuple[LoopThread, Any]]:
     """The engine most tests share, owned by a loop on its own thread."""
     owner, llm = start_engine(tiny_model, "engine-owner")
     yield owner, llm
     stop_engine(owner, llm)
+
+
+@pytest.fixture(scope="session")
+def engine_proxy(shared_engine: tuple[LoopThread, Any]) -> Any:
+    """The shared engine behind ``engine_client_proxy`` (the server's client)."""
+    from loopbridge_vllm import engine_client_proxy
+
+    return engine_client_proxy(shared_engine[1])
+
+
+@pytest.fixture(scope="session")
+def shared_server(engine_proxy: Any) -> Iterator[Any]:
+    """vLLM's OpenAI app on its own thread, bound to the proxy of the shared engine."""
+    from loopbridge_vllm import start_openai_server
+
+    server = start_openai_server(engine_proxy)
+    yield server
+    server.stop()

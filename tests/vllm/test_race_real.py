@@ -21,7 +21,7 @@ from vllm_engines import start_engine, stop_engine
 from vllm_load import run_load
 from vllm_race_hook import CollectorSetHold
 
-from loopbridge_vllm.server import OpenAIServer
+from loopbridge_vllm.server import OpenAIServer, ServerStartError, start_openai_server
 
 pytestmark = pytest.mark.vllm
 
@@ -46,7 +46,7 @@ def test_raw_async_llm_shared_with_server_thread_dies(tiny_model: Any) -> None:
     try:
         # Warm the cached task list on the owner loop (vLLM's own server does
         # the same at start-up) so the server thread needs no utility call.
-        owner.run(llm.get_supported_tasks())
+        owner.run(llm.get_supported_tasks)
         assert not llm.errored
         with CollectorSetHold() as hook:
             server = OpenAIServer(llm).start(60)  # the raw engine, as downstream did
@@ -54,7 +54,6 @@ def test_raw_async_llm_shared_with_server_thread_dies(tiny_model: Any) -> None:
                 result = asyncio.run(run_load(server.url, N_REQUESTS, CONCURRENCY, timeout=20))
             finally:
                 server.stop()
-        print("RAW", result.ok, result.disconnected, len(result.failures), result.failures[:3], hook.collector_sets, hook.foreign_sets, hook.overlaps)
         # The hook really saw a waiter from the server loop and held set().
         assert hook.foreign_sets >= 1 and hook.overlaps >= 1
         # Requests failed, and the engine's output handler is dead.
@@ -67,6 +66,29 @@ def test_raw_async_llm_shared_with_server_thread_dies(tiny_model: Any) -> None:
             isinstance(c, RuntimeError) and "deque mutated during iteration" in str(c)
             for c in causes
         ), f"unexpected failure: {causes!r} / {result.failures[:3]}"
+        # A dead engine is never served again.
+        with pytest.raises(ServerStartError):
+            start_openai_server(llm)
     finally:
         handler_log.removeHandler(records)
         stop_engine(owner, llm)
+
+
+def test_same_run_through_loopbridge_is_safe(
+    shared_engine: tuple[Any, Any], engine_proxy: Any
+) -> None:
+    owner, llm = shared_engine
+
+    with CollectorSetHold() as hook:
+        server = start_openai_server(engine_proxy)
+        try:
+            result = asyncio.run(run_load(server.url, N_REQUESTS, CONCURRENCY, timeout=60))
+        finally:
+            server.stop()
+    assert result.failures == []
+    assert result.ok == N_REQUESTS
+    # The hook was active and saw every collector wake-up, but all waiters were
+    # on the owner loop: nothing to overlap.
+    assert hook.collector_sets >= N_REQUESTS
+    assert hook.foreign_sets == 0
+    assert not llm.errored and llm.is_running

@@ -45,7 +45,9 @@ async def _one(
     else:
         path = "/v1/completions"
         body = {"model": "tiny", "prompt": f"Hello world {i}"}
-    body.update(max_tokens=max_tokens, ignore_eos=True, stream=stream, temperature=0.0)
+    # Chat calls it max_completion_tokens (max_tokens is deprecated there).
+    limit = "max_completion_tokens" if chat else "max_tokens"
+    body.update({limit: max_tokens}, ignore_eos=True, stream=stream, temperature=0.0)
     try:
         if disconnect:
             # Leave after the first streamed chunk (or after a short wait for a

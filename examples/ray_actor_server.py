@@ -1,0 +1,113 @@
+"""A Ray async actor owns vLLM's AsyncLLM and serves the OpenAI API from a thread.
+
+This is how RL frameworks run generation: the actor's event loop owns the
+engine (Ray calls, weight updates and rollouts run there), while an
+OpenAI-compatible HTTP server runs on a thread inside the same actor for agents
+and environments. ``loopbridge_vllm`` keeps the server thread away from the
+engine's asyncio state.
+
+Run it on CPU (real vLLM, stand-in forward pass)::
+
+    python examples/ray_actor_server.py
+
+On a GPU machine, build the engine from your own ``AsyncEngineArgs`` instead
+of ``cpu_engine.engine_args``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from typing import Any
+
+import ray
+
+
+@ray.remote(num_cpus=1)
+class GenerationWorker:
+    def __init__(self, model_dir: str) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from loopbridge_vllm import adopt_engine
+        from loopbridge_vllm.cpu_engine import engine_args
+
+        # Built in __init__, possibly before the actor's loop runs anything.
+        self.llm = AsyncLLM.from_engine_args(engine_args(model_dir))
+        adopt_engine(self.llm)  # declares the member table; the loop comes next
+        self.server: Any = None
+
+    async def post_init(self) -> str:
+        """Record the actor's loop as the engine's owner, then serve HTTP."""
+        from loopbridge_vllm import astart_openai_server, bind_owner_loop
+
+        bind_owner_loop(self.llm)  # the running loop: Ray's actor loop
+        self.server = await astart_openai_server(self.llm, port=0)
+        return str(self.server.url)
+
+    async def generate_tokens(self, prompt: str, max_tokens: int) -> list[int]:
+        """A rollout on the owner loop itself: the engine is used directly."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        final = None
+        async for out in self.llm.generate(prompt, params, f"ray-{uuid.uuid4().hex}"):
+            final = out
+        assert final is not None
+        return list(final.outputs[0].token_ids)
+
+    async def update_weights(self, token_base: int) -> list[int]:
+        """Pause, update (collective_rpc) and resume, on the owner loop."""
+        await self.llm.pause_generation(mode="keep")
+        try:
+            old: list[int] = await self.llm.collective_rpc(
+                "standin_set_token_base", args=(token_base,)
+            )
+        finally:
+            await self.llm.resume_generation()
+        return old
+
+    async def unfinished_requests(self) -> int:
+        return int(self.llm.get_num_unfinished_requests())
+
+    async def shutdown(self) -> list[str]:
+        """Stop HTTP first (without blocking the actor loop), then the engine."""
+        from loopbridge_vllm import shutdown_engine
+
+        order: list[str] = []
+        if self.server is not None:
+            await self.server.aclose()
+            order.append("server stopped" if not self.server.thread.is_alive() else "server alive")
+        shutdown_engine(self.llm)  # on the owner loop: cancels the handler first
+        order.append("engine stopped")
+        return order
+
+
+def main() -> None:
+    import httpx
+
+    from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
+
+    env = cpu_engine_env()
+    model = str(build_tiny_model(os.path.join(tempfile.gettempdir(), "loopbridge-tiny-model")))
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env})
+    try:
+        worker = GenerationWorker.remote(model)  # type: ignore[attr-defined]
+        url = ray.get(worker.post_init.remote())
+        print("serving on", url)
+        reply = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": "tiny", "prompt": "Hello", "max_tokens": 5},
+            timeout=30,
+        ).json()
+        print("HTTP completion:", reply["choices"][0]["text"])
+        print("rollout on the actor loop:", ray.get(worker.generate_tokens.remote("hi", 4)))
+        print("weight update, old token base:", ray.get(worker.update_weights.remote(50)))
+        print("after update:", ray.get(worker.generate_tokens.remote("hi", 4)))
+        print("shutdown:", ray.get(worker.shutdown.remote()))
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,476 @@
+"""vLLM's ``AsyncLLM`` behind a loop-affine proxy that any thread or loop may use.
+
+``AsyncLLM`` is a single-loop object: its output handler, its ZMQ client tasks,
+its utility futures and every request's ``RequestOutputCollector`` belong to the
+loop that first ran them (the *owner* loop). :func:`engine_client_proxy` returns
+an object that vLLM's serving layer accepts as its engine client
+(``isinstance(p, EngineClient)`` holds) and that never touches that loop state
+from a foreign thread:
+
+* async members run on the owner loop (``loopbridge.proxy``);
+* ``generate`` and ``encode`` run on the owner loop and stream their outputs
+  through loopbridge's batched, back-pressured streams; closing or cancelling
+  the consumer closes the generator on the owner loop, where vLLM aborts the
+  request itself, exactly once;
+* setup data (``vllm_config``, ``model_config``, ``renderer``, ...) is read
+  directly, because the serving code needs it on its own thread;
+* health members (``errored``, ``dead_error``, ``is_running``,
+  ``is_stopped``) are read directly and never block the caller's loop;
+* every other sync member is either declared thread-safe below, with the
+  reason, or refused with :class:`loopbridge.LoopAffinityError`.
+
+The member list is not written by hand. :func:`surface` derives it from the
+installed vLLM (the ``EngineClient`` protocol, ``AsyncLLM`` and the instance's
+own attributes) and :data:`RULES` / :data:`KIND_RULES` classify each member;
+a member that no rule covers makes :func:`engine_client_proxy` fail at start-up
+with :class:`UnclassifiedMemberError` instead of failing requests later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loopbridge import LoopAffinityError, adopt, owner_loop, proxy, transfer
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+__all__ = [
+    "KIND_RULES",
+    "RULES",
+    "Member",
+    "Policy",
+    "Rule",
+    "UnclassifiedMemberError",
+    "UnsupportedEngineConfig",
+    "adopt_engine",
+    "bind_owner_loop",
+    "classify_surface",
+    "engine_client_proxy",
+    "is_engine_client_proxy",
+    "shutdown_engine",
+    "surface",
+]
+
+
+class Policy(str, enum.Enum):
+    """What the proxy does with a member."""
+
+    STABLE = "stable"  # data set once at construction: read directly
+    HEALTH = "health"  # status read directly; never blocks the caller's loop
+    THREADSAFE = "threadsafe"  # sync member that is safe to call from any thread
+    MARSHAL = "marshal"  # coroutine: runs on the owner loop
+    STREAM = "stream"  # async generator: runs on the owner loop, streamed back
+    REFUSE = "refuse"  # owner-loop state: LoopAffinityError when touched
+    CLASS_LEVEL = "class-level"  # classmethod/staticmethod/class data: untouched
+
+
+@dataclass(frozen=True)
+class Rule:
+    policy: Policy
+    reason: str
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of the installed engine surface."""
+
+    name: str
+    kind: str  # "async", "asyncgen", "sync", "property", "class-level", "data"
+    origin: str  # where it was found: "EngineClient", "AsyncLLM" or "instance"
+
+
+_STABLE_CONFIG = (
+    "a config object set in __init__ and never replaced; vLLM's serving code reads "
+    "it on the HTTP thread"
+)
+
+#: Per-member rules: every sync member and data attribute needs a human decision.
+RULES: Mapping[str, Rule] = {
+    # -- setup data --------------------------------------------------------
+    "vllm_config": Rule(Policy.STABLE, _STABLE_CONFIG),
+    "model_config": Rule(Policy.STABLE, _STABLE_CONFIG),
+    "scheduler_config": Rule(Policy.STABLE, _STABLE_CONFIG),
+    "observability_config": Rule(Policy.STABLE, _STABLE_CONFIG),
+    "log_requests": Rule(Policy.STABLE, "a bool set in __init__"),
+    "log_stats": Rule(Policy.STABLE, "a bool set in __init__"),
+    "renderer": Rule(
+        Policy.STABLE,
+        "set once in __init__; the serving layer renders and tokenizes on the HTTP "
+        "thread by design, and the renderer runs that work in its own thread pool",
+    ),
+    "input_processor": Rule(
+        Policy.STABLE,
+        "set once in __init__; serving code only reads its configuration (beam "
+        "search, streaming input); processing for a request runs in add_request on "
+        "the owner loop",
+    ),
+    "tokenizer": Rule(Policy.STABLE, "property returning renderer.tokenizer (stable)"),
+    # -- health -------------------------------------------------------------
+    "errored": Rule(
+        Policy.HEALTH,
+        "reads engine_core.resources.engine_dead and output_handler.done(): plain "
+        "reads, atomic under the GIL; serving code reads it before every response, "
+        "so it must not wait for the owner loop",
+    ),
+    "is_running": Rule(Policy.HEALTH, "output_handler.done(): a plain read"),
+    "is_stopped": Rule(Policy.HEALTH, "equals errored"),
+    "dead_error": Rule(Policy.HEALTH, "builds a new EngineDeadError; touches no state"),
+    "should_keep_api_server_alive": Rule(Policy.HEALTH, "reads a flag (elastic EP)"),
+    # -- sync members that are safe from any thread ---------------------------
+    "shutdown": Rule(
+        Policy.THREADSAFE,
+        "tears down through cancel_task_threadsafe and call_soon_threadsafe; vLLM's "
+        "own launcher calls it from an executor thread",
+    ),
+    "check_admission": Rule(
+        Policy.THREADSAFE,
+        "called by the serving layer before every response, so it cannot wait for the "
+        "owner loop; with max_num_queued_reqs it reads len() of a dict (atomic). With "
+        "max_num_queued_tokens it would iterate owner-loop state, so "
+        "engine_client_proxy refuses that configuration",
+    ),
+    "get_num_unfinished_requests": Rule(
+        Policy.THREADSAFE, "len() of the output processor's dict: atomic under the GIL"
+    ),
+    "get_tokenizer": Rule(Policy.THREADSAFE, "returns the renderer's tokenizer (stable)"),
+    "get_kv_event_sources": Rule(Policy.THREADSAFE, "reads static configuration"),
+    # -- sync members and state that belong to the owner loop -----------------
+    "get_num_queued_tokens": Rule(
+        Policy.REFUSE,
+        "iterates the output processor's request dict, which the owner loop mutates: "
+        "off that loop it can raise 'dictionary changed size during iteration'",
+    ),
+    "engine_core": Rule(
+        Policy.REFUSE, "the ZMQ client: its sockets, queue and futures belong to the owner loop"
+    ),
+    "output_processor": Rule(
+        Policy.REFUSE, "per-request state and collectors, mutated by the output handler"
+    ),
+    "output_handler": Rule(Policy.REFUSE, "the owner loop's output-handler task"),
+    "logger_manager": Rule(Policy.REFUSE, "stat loggers updated by the output handler"),
+    "admission_stats": Rule(Policy.REFUSE, "shared counters updated by the output processor"),
+    "profiler": Rule(Policy.REFUSE, "profiler session state, changed by start/stop_profile"),
+    # -- async members named explicitly (also covered by KIND_RULES) ----------
+    "generate": Rule(
+        Policy.STREAM,
+        "add_request, the collector and its event live on the owner loop; outputs "
+        "stream back batched with back-pressure; closing the stream closes the "
+        "generator there, and vLLM aborts the request once",
+    ),
+    "encode": Rule(Policy.STREAM, "as generate, for pooling models"),
+    "abort": Rule(Policy.MARSHAL, "mutates the output processor and sends on the ZMQ socket"),
+    "collective_rpc": Rule(
+        Policy.MARSHAL, "a utility call: its future is resolved by the owner loop's socket task"
+    ),
+    "pause_generation": Rule(Policy.MARSHAL, "a utility call on the owner loop"),
+    "resume_generation": Rule(Policy.MARSHAL, "a utility call on the owner loop"),
+}
+
+#: Rules by member kind, for members without a per-member rule.
+KIND_RULES: Mapping[str, Rule] = {
+    "async": Rule(
+        Policy.MARSHAL,
+        "coroutines may touch the ZMQ client, utility futures and locks that belong "
+        "to the owner loop, so each call runs there",
+    ),
+    "asyncgen": Rule(Policy.STREAM, "an async generator runs on the owner loop and streams back"),
+    "class-level": Rule(
+        Policy.CLASS_LEVEL,
+        "classmethods, staticmethods and class data hold no per-instance loop state",
+    ),
+    "private": Rule(
+        Policy.REFUSE,
+        "private sync members and attributes are engine internals; serving code does "
+        "not use them and they may touch owner-loop state",
+    ),
+}
+
+
+class UnclassifiedMemberError(LoopAffinityError):
+    """The installed vLLM has engine members that no rule classifies."""
+
+    def __init__(self, members: Iterable[Member]) -> None:
+        self.members = tuple(members)
+        listed = ", ".join(f"{m.name} ({m.kind}, from {m.origin})" for m in self.members)
+        super().__init__(
+            f"these engine members are not classified for cross-thread use: {listed}. "
+            "Add a rule to loopbridge_vllm.engine.RULES saying whether each is stable "
+            "data, a health read, thread-safe, or owner-loop state."
+        )
+
+
+class UnsupportedEngineConfig(LoopAffinityError):
+    """An engine option makes a sync member unsafe off the owner loop."""
+
+
+def _member_kind(raw: Any) -> str:
+    if isinstance(raw, (staticmethod, classmethod)):
+        return "class-level"
+    fn = raw
+    if inspect.isasyncgenfunction(fn):
+        return "asyncgen"
+    if inspect.iscoroutinefunction(fn):
+        return "async"
+    if isinstance(raw, property):
+        return "property"
+    if inspect.isfunction(fn):
+        return "sync"
+    if hasattr(raw, "__get__") and not inspect.isclass(raw):
+        return "property"  # other descriptors (cached_property, slots, ...)
+    return "class-level"
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def surface(engine_cls: type | None = None, instance: object | None = None) -> dict[str, Member]:
+    """Every member of the installed engine surface, with its kind.
+
+    Sources: the ``EngineClient`` protocol (its methods, properties and annotated
+    attributes), the engine class (``AsyncLLM`` by default, all bases), and, if
+    given, the instance's own attributes. Dunder members are left out: the proxy
+    never forwards them.
+    """
+    from vllm.engine.protocol import EngineClient
+
+    if engine_cls is None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine_cls = AsyncLLM
+    found: dict[str, Member] = {}
+    for cls, origin in ((engine_cls, engine_cls.__name__), (EngineClient, "EngineClient")):
+        for klass in cls.__mro__:
+            if klass is object:
+                continue
+            for name, raw in vars(klass).items():
+                if _is_dunder(name) or name in found:
+                    continue
+                found[name] = Member(name, _member_kind(raw), origin)
+    for klass in EngineClient.__mro__:
+        for name in getattr(klass, "__annotations__", {}):
+            if not _is_dunder(name) and name not in found:
+                found[name] = Member(name, "data", "EngineClient")
+    if instance is not None:
+        for name in vars(instance):
+            if not _is_dunder(name) and name not in found:
+                found[name] = Member(name, "data", "instance")
+    return found
+
+
+def _rule_for(member: Member) -> Rule | None:
+    rule = RULES.get(member.name)
+    if rule is not None:
+        return rule
+    if member.kind in ("async", "asyncgen", "class-level"):
+        return KIND_RULES[member.kind]
+    if member.name.startswith("_"):
+        return KIND_RULES["private"]
+    return None
+
+
+def classify_surface(
+    engine_cls: type | None = None, instance: object | None = None
+) -> dict[str, tuple[Member, Rule | None]]:
+    """Each member of :func:`surface` with its rule (``None``: unclassified)."""
+    return {name: (m, _rule_for(m)) for name, m in surface(engine_cls, instance).items()}
+
+
+def _declarations(
+    engine_cls: type, instance: object | None
+) -> tuple[frozenset[str], frozenset[str]]:
+    table = classify_surface(engine_cls, instance)
+    missing = [m for m, rule in table.values() if rule is None]
+    if missing:
+        raise UnclassifiedMemberError(missing)
+    stable = frozenset(
+        name for name, (_, rule) in table.items() if rule is not None and rule.policy is Policy.STABLE
+    )
+    threadsafe = frozenset(
+        name
+        for name, (_, rule) in table.items()
+        if rule is not None and rule.policy in (Policy.HEALTH, Policy.THREADSAFE)
+    )
+    return stable, threadsafe
+
+
+# Engines declared by adopt_engine (with this module's member table).
+_adopted: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _handler_loop(engine: Any) -> asyncio.AbstractEventLoop | None:
+    """The loop the engine's background tasks run (or ran) on, if any started.
+
+    Those are the output handler and the ZMQ client's socket reader; both
+    start lazily on the first loop that needs them, and never move.
+    """
+    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    for task in (
+        getattr(engine, "output_handler", None),
+        getattr(resources, "output_queue_task", None),
+        getattr(resources, "stats_update_task", None),
+    ):
+        if isinstance(task, asyncio.Task):
+            return task.get_loop()
+    return None
+
+
+def _check_config(engine: Any) -> None:
+    scheduler = getattr(engine, "scheduler_config", None)
+    if getattr(scheduler, "max_num_queued_tokens", None) is not None:
+        raise UnsupportedEngineConfig(
+            "max_num_queued_tokens is set: AsyncLLM.check_admission then iterates the "
+            "output processor's per-request state, which only the owner loop may touch, "
+            "and the serving layer calls it from the HTTP thread before every response. "
+            "Use max_num_queued_reqs (a plain count) instead."
+        )
+
+
+def adopt_engine(engine: AsyncLLM, loop: asyncio.AbstractEventLoop | None = None) -> AsyncLLM:
+    """Declare ``engine``'s owner loop and its member table (once per engine).
+
+    ``loop`` defaults to the loop its output handler already runs on, else the
+    running loop. With neither (an engine built in a plain thread, as a Ray
+    worker's ``__init__`` may do), the engine has no owner until
+    :func:`bind_owner_loop` records one, typically at worker initialisation.
+    Calling it again for an engine already declared is a no-op (with the same
+    loop) or an error (with another one).
+    """
+    running = _handler_loop(engine)
+    if loop is not None and running is not None and loop is not running:
+        raise LoopAffinityError(
+            "the engine's output handler already runs on another loop; an AsyncLLM "
+            "cannot change loops once it has started"
+        )
+    target = loop or running
+    try:
+        current = owner_loop(engine)
+    except LoopAffinityError:
+        current = None
+        declared = False
+    else:
+        declared = True
+    if declared:
+        if engine not in _adopted:
+            raise LoopAffinityError(
+                "the engine was declared loop-affine elsewhere (loopbridge.adopt) without "
+                "this module's member table; let adopt_engine()/engine_client_proxy() "
+                "declare it instead"
+            )
+        if target is not None and current is not None and target is not current:
+            raise LoopAffinityError("the engine is already declared for another loop")
+        if target is not None and current is None:
+            transfer(engine, target)
+        return engine
+    stable, threadsafe = _declarations(type(engine), engine)
+    if target is None:
+        try:
+            target = asyncio.get_running_loop()
+        except RuntimeError:
+            target = None
+    adopt(engine, loop=target, stable=stable, threadsafe=threadsafe)
+    _adopted.add(engine)
+    return engine
+
+
+def bind_owner_loop(engine: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Record (or move) the owner loop of an engine that has not started yet.
+
+    Call it on the loop that will own the engine (``loop`` defaults to the
+    running one), e.g. in a Ray actor's async ``post_init``. The engine's output
+    handler then starts on that loop with the first request, whoever sends it.
+    Moving an engine whose output handler already runs elsewhere is refused.
+    """
+    if is_engine_client_proxy(engine):
+        engine = object.__getattribute__(engine, "_lb_target")
+    target = loop
+    if target is None:
+        try:
+            target = asyncio.get_running_loop()
+        except RuntimeError:
+            raise LoopAffinityError(
+                "bind_owner_loop() needs a loop: pass one or call it on the owner loop"
+            ) from None
+    running = _handler_loop(engine)
+    if running is not None and running is not target:
+        raise LoopAffinityError(
+            "the engine's output handler already runs on another loop; an AsyncLLM "
+            "cannot change loops once it has started"
+        )
+    adopt_engine(engine)
+    transfer(engine, target)
+
+
+def engine_client_proxy(
+    engine: AsyncLLM,
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+    stream_window: int = 32,
+    cancel_grace: float = 5.0,
+) -> AsyncLLM:
+    """An engine client for vLLM's serving layer that is safe on any thread or loop.
+
+    The result is an instance of a generated subclass of ``type(engine)``, so
+    vLLM's type checks accept it. ``loop`` names the owner loop if the engine
+    has not been declared yet (see :func:`adopt_engine`). ``stream_window`` is
+    how many outputs of one request may be buffered ahead of a slow consumer
+    (vLLM's own collector merges deltas beyond that); ``cancel_grace`` bounds
+    how long a cancelled caller waits for the owner side to finish the abort.
+
+    Raises :class:`UnclassifiedMemberError` if the installed vLLM has a member
+    no rule covers, and :class:`UnsupportedEngineConfig` for options that make
+    a sync member unsafe off the owner loop.
+    """
+    if is_engine_client_proxy(engine):
+        return engine
+    _check_config(engine)
+    adopt_engine(engine, loop)
+    # Re-derive the table for this instance: attributes added since adoption
+    # (vLLM sets some lazily) must be classified too.
+    _declarations(type(engine), engine)
+    return proxy(engine, stream_window=stream_window, cancel_grace=cancel_grace)
+
+
+def shutdown_engine(engine: Any, timeout: float = 10.0) -> None:
+    """Shut an engine down cleanly from any thread (also through a proxy).
+
+    ``AsyncLLM.shutdown`` stops the EngineCore first and cancels the output
+    handler afterwards; when the owner loop keeps running meanwhile (it always
+    does in a threaded set-up), the handler can see the dying EngineCore first
+    and report it as an engine failure. So the handler is stopped on the owner
+    loop first (waiting at most ``timeout`` seconds), then ``shutdown`` runs.
+    """
+    if is_engine_client_proxy(engine):
+        engine = object.__getattribute__(engine, "_lb_target")
+    task = getattr(engine, "output_handler", None)
+    if isinstance(task, asyncio.Task) and not task.done():
+        loop = task.get_loop()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task.cancel()  # delivered before the loop runs anything else
+        elif not loop.is_closed():
+
+            async def stop_handler() -> None:
+                task.cancel()
+                await asyncio.wait([task])
+
+            try:
+                asyncio.run_coroutine_threadsafe(stop_handler(), loop).result(timeout)
+            except (RuntimeError, TimeoutError):
+                pass  # loop stopped meanwhile: shutdown() below still cleans up
+    engine.shutdown()
+
+
+def is_engine_client_proxy(obj: object) -> bool:
+    """True for objects made by :func:`engine_client_proxy` (or ``loopbridge.proxy``)."""
+    return bool(getattr(type(obj), "__loopbridge_proxy__", False))

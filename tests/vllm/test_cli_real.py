@@ -1,0 +1,68 @@
+"""``python -m loopbridge_vllm serve``: a real process, real HTTP, real signals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from vllm_engines import REPO
+
+
+def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
+    env = dict(os.environ)
+    src = str(REPO / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    cmd = [
+        sys.executable, "-m", "loopbridge_vllm", "serve", str(tiny_model),
+        "--port", "0", "--cpu-standin", "--grace", "1",
+        "--", "--served-model-name", "tiny", "--max-model-len", "256",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+    )
+    lines: list[str] = []
+    try:
+        url = None
+        deadline = time.monotonic() + 180
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            match = re.match(r"serving on (http://\S+)", line)
+            if match:
+                url = match.group(1)
+                break
+        assert url is not None, "".join(lines[-30:])
+        with httpx.Client(base_url=url, timeout=30) as client:
+            assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny"]
+            body = {"model": "tiny", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True}
+            assert client.post("/v1/completions", json=body).json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        lines.append(out)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert text.index("server stopped") < text.index("engine stopped")
+    assert "Traceback" not in text.split("serving on", 1)[1]
+
+
+def test_unknown_subcommand_is_a_clear_error() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "loopbridge_vllm", "frobnicate"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2 and "unknown subcommand" in done.stderr

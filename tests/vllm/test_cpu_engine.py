@@ -1,0 +1,67 @@
+"""The CPU engine kit: tiny model, environment, stand-in executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from pathlib import Path
+
+import pytest
+
+from loopbridge_vllm import cpu_engine
+
+
+def test_tiny_model_is_complete_and_cached(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    path = cpu_engine.build_tiny_model(tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["hidden_size"] == 64
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok("Hello world")["input_ids"]
+    assert tok.decode(ids) == "Hello world"
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True).endswith("assistant: ")
+    weights = path / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert cpu_engine.build_tiny_model(path) == path
+    assert weights.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tiny-model-")]
+
+
+def test_env_selects_cpu_and_keeps_files_local() -> None:
+    env = cpu_engine.cpu_engine_env()
+    assert os.environ["VLLM_TARGET_DEVICE"] == "cpu" == env["VLLM_TARGET_DEVICE"]
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["DO_NOT_TRACK"] == "1"
+    assert Path(env["VLLM_RPC_BASE_PATH"]).is_dir()
+    src = str(Path(cpu_engine.__file__).resolve().parent.parent)
+    assert src in env["PYTHONPATH"].split(os.pathsep)
+
+
+def test_standin_backend_resolves_like_vllm_does() -> None:
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.executor.abstract import Executor
+
+    cls = resolve_obj_by_qualname(cpu_engine.STANDIN_BACKEND)
+    assert issubclass(cls, Executor) and cls is cpu_engine.StandInExecutor
+    with pytest.raises(AttributeError):
+        cpu_engine.NoSuchThing  # noqa: B018
+
+
+def test_step_time_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopbridge_vllm._standin import _StandInWorker
+
+    fake = types.SimpleNamespace()
+    monkeypatch.setenv(cpu_engine.STEP_ENV, "0.25")
+    assert _StandInWorker(fake).step_s == 0.25  # type: ignore[arg-type]
+    monkeypatch.setenv(cpu_engine.STEP_ENV, "fast")
+    with pytest.raises(ValueError, match=cpu_engine.STEP_ENV):
+        _StandInWorker(fake)  # type: ignore[arg-type]
+    monkeypatch.delenv(cpu_engine.STEP_ENV)
+    worker = _StandInWorker(fake)  # type: ignore[arg-type]
+    assert worker.step_s == 0.0
+    with pytest.raises(ValueError):
+        worker.standin_set_step_s(-1)
+    with pytest.raises(ValueError):
+        worker.standin_set_token_base(10_000)

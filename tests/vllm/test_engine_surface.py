@@ -1,0 +1,220 @@
+"""The proxy's member table is derived from the installed vLLM and enforced."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import types
+from typing import Any
+
+import pytest
+
+from loopbridge import LoopAffinityError, LoopThread
+from loopbridge_vllm import UnclassifiedMemberError, UnsupportedEngineConfig, engine_client_proxy
+from loopbridge_vllm.engine import RULES, Policy, classify_surface, surface
+
+
+def test_every_installed_member_is_classified(shared_engine: tuple[LoopThread, Any]) -> None:
+    from vllm.engine.protocol import EngineClient
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    _, llm = shared_engine
+    table = classify_surface(AsyncLLM, llm)
+    unclassified = sorted(name for name, (_, rule) in table.items() if rule is None)
+    assert unclassified == []
+    # The derivation really covers the protocol, the class and the instance.
+    for name in ("generate", "encode", "check_admission", "errored", "shutdown", "collective_rpc"):
+        assert name in table
+    for name in EngineClient.__annotations__:
+        assert table[name][1] is not None and table[name][1].policy is Policy.STABLE
+    assert {m.origin for m, _ in table.values()} >= {"AsyncLLM", "instance"}
+    assert all(rule is not None and rule.reason for _, rule in table.values())
+
+
+def test_rules_agree_with_member_kinds() -> None:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    kinds = {name: m.kind for name, m in surface(AsyncLLM).items()}
+    for name, rule in RULES.items():
+        kind = kinds.get(name)
+        if kind is None:
+            continue  # a member of another vLLM version, or an instance attribute
+        if rule.policy is Policy.STREAM:
+            assert kind == "asyncgen", name
+        elif rule.policy is Policy.MARSHAL:
+            assert kind == "async", name
+        elif rule.policy in (Policy.STABLE, Policy.HEALTH, Policy.THREADSAFE, Policy.REFUSE):
+            assert kind in ("sync", "property", "data"), name
+
+
+def _in_thread(fn: Any, timeout: float = 10.0) -> Any:
+    """Run ``fn`` on a plain thread (a foreign thread for the engine); raise its error."""
+    box: dict[str, Any] = {}
+
+    def main() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            box["error"] = exc
+
+    t = threading.Thread(target=main)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "call did not return"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def test_proxy_follows_the_table_for_every_member(
+    shared_engine: tuple[LoopThread, Any], engine_proxy: Any
+) -> None:
+    from vllm.engine.protocol import EngineClient
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    _, llm = shared_engine
+    p = engine_proxy
+    assert isinstance(p, EngineClient) and isinstance(p, AsyncLLM) and p is not llm
+    table = classify_surface(AsyncLLM, llm)
+    checked = 0
+    for name, (member, rule) in table.items():
+        assert rule is not None
+        if rule.policy in (Policy.STABLE, Policy.HEALTH, Policy.THREADSAFE):
+            # Read directly from a foreign thread (calling is not needed to prove
+            # the proxy lets it through; a refused member raises on access).
+            _in_thread(lambda n=name: getattr(p, n))
+            checked += 1
+        elif rule.policy is Policy.REFUSE:
+            with pytest.raises(LoopAffinityError):
+                _in_thread(lambda n=name: getattr(p, n))
+            checked += 1
+        elif rule.policy in (Policy.MARSHAL, Policy.STREAM):
+            wrapped = getattr(getattr(type(p), name), "__wrapped__", None)
+            assert wrapped is not None, f"{name} is not marshalled"
+            checked += 1
+    assert checked >= 40
+    # Stable data is the engine's own object, not a copy.
+    assert p.model_config is llm.model_config and p.renderer is llm.renderer
+
+
+def test_marshalled_members_run_on_the_owner_loop(
+    shared_engine: tuple[LoopThread, Any], engine_proxy: Any
+) -> None:
+    from vllm import SamplingParams
+
+    owner, llm = shared_engine
+    core = llm.engine_core
+    seen: list[tuple[str, asyncio.AbstractEventLoop]] = []
+    spied = ("collective_rpc_async", "add_request_async")
+
+    def spy(name: str) -> None:
+        original = getattr(core, name)
+
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            seen.append((name, asyncio.get_running_loop()))
+            return await original(*args, **kwargs)
+
+        setattr(core, name, wrapper)  # instance attribute: what AsyncLLM calls
+
+    for name in spied:
+        spy(name)
+    try:
+
+        async def main() -> tuple[asyncio.AbstractEventLoop, Any, list[Any]]:
+            base = await engine_proxy.collective_rpc("standin_get_token_base")
+            params = SamplingParams(max_tokens=3, ignore_eos=True)
+            outs = [o async for o in engine_proxy.generate("hi", params, "surface-1")]
+            return asyncio.get_running_loop(), base, outs
+
+        caller, base, outs = asyncio.run(main())
+    finally:
+        for name in spied:
+            delattr(core, name)
+    assert caller is not owner.loop
+    assert isinstance(base[0], int)
+    assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
+    assert {name for name, _ in seen} == set(spied)
+    assert all(loop is owner.loop for _, loop in seen)
+
+
+def test_health_reads_do_not_wait_for_the_owner_loop(
+    shared_engine: tuple[LoopThread, Any], engine_proxy: Any
+) -> None:
+    owner, _ = shared_engine
+    release = threading.Event()
+    blocked = threading.Event()
+
+    def block() -> None:
+        blocked.set()
+        release.wait(30)
+
+    owner.loop.call_soon_threadsafe(block)
+    assert blocked.wait(10)
+    try:
+        # The owner loop is stuck: anything marshalled would hang here.
+        status = _in_thread(
+            lambda: (engine_proxy.errored, engine_proxy.is_running, engine_proxy.is_stopped,
+                     type(engine_proxy.dead_error).__name__)
+        )
+        assert status == (False, True, False, "EngineDeadError")
+
+        # A short cancel grace: the timed-out call's cleanup needs the stuck loop.
+        quick = engine_client_proxy(shared_engine[1], cancel_grace=0.1)
+
+        async def health() -> None:
+            await quick.check_health()
+
+        # ... and a marshalled call indeed waits for it (contrast).
+        with pytest.raises(TimeoutError):
+            asyncio.run(asyncio.wait_for(health(), 0.3))
+    finally:
+        release.set()
+
+
+def test_unclassified_member_fails_at_startup() -> None:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    def check_budget(self: Any) -> None:  # a sync member no rule knows
+        pass
+
+    newer = types.new_class("AsyncLLM", (AsyncLLM,), exec_body=lambda ns: ns.update(check_budget=check_budget))
+    bare = object.__new__(newer)
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(UnclassifiedMemberError, match="check_budget"):
+            engine_client_proxy(bare, loop=loop)
+    finally:
+        loop.close()
+    # New async members need no rule: they are marshalled by kind.
+    async def refresh(self: Any) -> None:
+        pass
+
+    newer_async = types.new_class("AsyncLLM", (AsyncLLM,), exec_body=lambda ns: ns.update(refresh=refresh))
+    table = classify_surface(newer_async)
+    assert table["refresh"][1] is not None and table["refresh"][1].policy is Policy.MARSHAL
+
+
+def test_unsafe_admission_config_is_refused() -> None:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    bare = object.__new__(AsyncLLM)
+    bare.scheduler_config = types.SimpleNamespace(max_num_queued_tokens=100)
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(UnsupportedEngineConfig, match="max_num_queued_tokens"):
+            engine_client_proxy(bare, loop=loop)
+    finally:
+        loop.close()
+
+
+def test_proxy_is_idempotent_and_loop_mismatch_is_refused(
+    shared_engine: tuple[LoopThread, Any], engine_proxy: Any
+) -> None:
+    _, llm = shared_engine
+    assert engine_client_proxy(engine_proxy) is engine_proxy
+    other = asyncio.new_event_loop()
+    try:
+        with pytest.raises(LoopAffinityError, match="another loop"):
+            engine_client_proxy(llm, loop=other)
+    finally:
+        other.close()

@@ -1,0 +1,83 @@
+"""Ray topology: an async actor owns AsyncLLM and serves HTTP from a thread inside it.
+
+Runs the example in ``examples/ray_actor_server.py`` on a local CPU Ray
+cluster: the engine is built in the actor's ``__init__``, its owner loop is
+recorded in ``post_init`` (the actor's loop), HTTP traffic from the driver and
+actor-loop work (rollouts, a weight update) run at the same time, and shutdown
+stops the server before the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllm_engines import REPO
+from vllm_load import run_load
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def example() -> Iterator[Any]:
+    examples = str(REPO / "examples")
+    sys.path.insert(0, examples)
+    try:
+        yield importlib.import_module("ray_actor_server")
+    finally:
+        sys.path.remove(examples)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    env = {
+        k: os.environ[k]
+        for k in ("VLLM_TARGET_DEVICE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "HF_HUB_OFFLINE",
+                  "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TOKENIZERS_PARALLELISM")
+        if k in os.environ
+    }
+    paths = [str(REPO / "examples"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env},
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_actor_owns_engine_and_serves_http(
+    example: Any, ray_cluster: None, tiny_model: Path
+) -> None:
+    worker = example.GenerationWorker.remote(str(tiny_model))
+    url = ray.get(worker.post_init.remote(), timeout=180)
+    assert url.startswith("http://127.0.0.1:")
+
+    # HTTP from the driver while the actor loop runs rollouts and a weight update.
+    rollouts = [worker.generate_tokens.remote(f"r{i}", 6) for i in range(4)]
+    load = asyncio.run(
+        run_load(url, 64, 8, stream_fraction=0.5, chat_fraction=0.5, disconnect_fraction=0.1)
+    )
+    assert load.failures == [] and load.ok == 64 - load.disconnected
+    assert all(len(tokens) == 6 for tokens in ray.get(rollouts, timeout=60))
+    assert ray.get(worker.update_weights.remote(70), timeout=60) == [10]
+    assert ray.get(worker.generate_tokens.remote("after", 3), timeout=60) == [70, 71, 72]
+    assert ray.get(worker.unfinished_requests.remote(), timeout=60) == 0
+
+    order = ray.get(worker.shutdown.remote(), timeout=60)
+    assert order == ["server stopped", "engine stopped"]
+    port = int(url.rsplit(":", 1)[1])
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    ray.kill(worker)
