@@ -14,7 +14,7 @@ from ._lag import LagMonitor, monitor_lag
 from ._loop_thread import LoopThread
 from ._metrics import snapshot as metrics_snapshot
 from ._ownership import adopt, loop_affine, owner_loop, set_affinity_check, transfer
-from ._proxy import Blocking, blocking, proxy, stats_of
+from ._proxy import Blocking, blocking, is_proxy, proxy, stats_of, unwrap
 from ._sanitizer import SanitizerError, SanitizerReport, SanitizerWarning, sanitize
 from ._sanitizer import install as install_sanitizer
 from ._sanitizer import uninstall as uninstall_sanitizer
@@ -36,6 +36,7 @@ __all__ = [
     "format_inflight",
     "install_hang_dump",
     "install_sanitizer",
+    "is_proxy",
     "loop_affine",
     "metrics_snapshot",
     "monitor_lag",
@@ -47,6 +48,7 @@ __all__ = [
     "stats_of",
     "transfer",
     "uninstall_sanitizer",
+    "unwrap",
 ]
 
 # LOOPBRIDGE_SANITIZE=raise|warn|log turns the sanitizer on for the whole process

@@ -23,7 +23,16 @@ get_ident = threading.get_ident
 from ._streams import BlockingStream, Channel, RemoteStream
 from ._trio import current_library
 
-__all__ = ["proxy", "blocking", "Blocking", "stats_of", "DEFAULT_WINDOW", "DEFAULT_GRACE"]
+__all__ = [
+    "proxy",
+    "blocking",
+    "Blocking",
+    "is_proxy",
+    "unwrap",
+    "stats_of",
+    "DEFAULT_WINDOW",
+    "DEFAULT_GRACE",
+]
 
 T = TypeVar("T")
 
@@ -257,6 +266,21 @@ def proxy(
     setattr_(p, "_lb_grace", cancel_grace)
     setattr_(p, "_lb_stats", own.stats)
     return p
+
+
+def is_proxy(obj: object) -> bool:
+    """Whether ``obj`` is a loopbridge proxy."""
+    return bool(getattr(type(obj), "__loopbridge_proxy__", False))
+
+
+def unwrap(obj: T) -> T:
+    """The object behind a proxy (``obj`` itself if it is not one).
+
+    The result is only safe to use on its owner loop.
+    """
+    if getattr(type(obj), "__loopbridge_proxy__", False):
+        return object.__getattribute__(obj, "_lb_target")  # type: ignore[no-any-return]
+    return obj
 
 
 def stats_of(p: object) -> Stats:

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loopbridge import LoopAffinityError, adopt, owner_loop, proxy, transfer
+from loopbridge import LoopAffinityError, adopt, is_proxy, owner_loop, proxy, transfer, unwrap
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -388,8 +388,7 @@ def bind_owner_loop(engine: Any, loop: asyncio.AbstractEventLoop | None = None) 
     handler then starts on that loop with the first request, whoever sends it.
     Moving an engine whose output handler already runs elsewhere is refused.
     """
-    if is_engine_client_proxy(engine):
-        engine = object.__getattribute__(engine, "_lb_target")
+    engine = unwrap(engine)
     target = loop
     if target is None:
         try:
@@ -447,8 +446,7 @@ def shutdown_engine(engine: Any, timeout: float = 10.0) -> None:
     and report it as an engine failure. So the handler is stopped on the owner
     loop first (waiting at most ``timeout`` seconds), then ``shutdown`` runs.
     """
-    if is_engine_client_proxy(engine):
-        engine = object.__getattribute__(engine, "_lb_target")
+    engine = unwrap(engine)
     task = getattr(engine, "output_handler", None)
     if isinstance(task, asyncio.Task) and not task.done():
         loop = task.get_loop()
@@ -473,4 +471,4 @@ def shutdown_engine(engine: Any, timeout: float = 10.0) -> None:
 
 def is_engine_client_proxy(obj: object) -> bool:
     """True for objects made by :func:`engine_client_proxy` (or ``loopbridge.proxy``)."""
-    return bool(getattr(type(obj), "__loopbridge_proxy__", False))
+    return is_proxy(obj)

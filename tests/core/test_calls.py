@@ -327,3 +327,10 @@ def test_concurrent_calls_share_wake_ups(asyncio_owner: lb.LoopThread) -> None:
     print(f"wake-ups for 1280 calls: to owner {to_owner}, to caller {to_caller}")
     assert to_owner <= 20 * 4, to_owner
     assert to_caller <= 20 * 4, to_caller
+
+
+def test_is_proxy_and_unwrap(engine: Engine) -> None:
+    p = lb.proxy(engine)
+    assert lb.is_proxy(p) and not lb.is_proxy(engine)
+    assert lb.unwrap(p) is engine
+    assert lb.unwrap(engine) is engine
