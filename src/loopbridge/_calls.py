@@ -28,7 +28,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._eager import start_task
+from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._diagnose import submission_site, tracing
 from ._errors import LoopAffinityError
 from ._metrics import Stats
@@ -82,6 +82,7 @@ class Call:
         "t_end",
         "submitted_from",
         "site",
+        "eager",
         "__weakref__",
     )
 
@@ -93,7 +94,9 @@ class Call:
         what: str,
         own: Any,
         stats: Stats,
+        eager: bool = False,
     ) -> None:
+        self.eager = eager
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
@@ -195,7 +198,11 @@ def _start(call: Call) -> None:
     loop = owner.loop
     call.t_start = _perf()
     coro = _run(call, loop)
-    if _PY311:
+    if call.eager and not NATIVE_EAGER:
+        # Opt-in on 3.11: the first step runs here, without a task; only a
+        # call that suspends gets one.
+        call.task = step_then_task(loop, coro, call.ctx)
+    elif _PY311:
         call.task = start_task(loop, coro, call.ctx)
     else:  # pragma: no cover - 3.10 copies the current context in Task()
         call.task = call.ctx.run(loop.create_task, coro)
@@ -280,9 +287,10 @@ async def call_from_loop(
     own: Any,
     stats: Stats,
     grace: float,
+    eager: bool = False,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on the owner loop; await it from ``loop``."""
-    call = LoopCall(fn, args, kwargs, what, own, stats)
+    call = LoopCall(fn, args, kwargs, what, own, stats, eager)
     caller = running_port(loop)
     call.caller = caller
     fut = call.waiter = loop.create_future()
@@ -295,8 +303,9 @@ async def call_from_loop(
             raise  # the owner side was cancelled: nothing to clean up
         if not call.state:
             await _cancel_and_wait(call, loop, exc.args[0] if exc.args else None, grace)
+        stats.returned(call, 0.0)  # admission and run, but no return: it was cancelled
         raise
-    stats.returned_after(_perf() - call.t_end)
+    stats.returned(call, _perf())
     return call.unwrap()
 
 
@@ -342,6 +351,7 @@ def call_from_thread(
     own: Any,
     stats: Stats,
     grace: float,
+    eager: bool = False,
 ) -> Any:
     """Blocking face: run on the owner loop, block this thread only."""
     loop = get_running_loop()
@@ -350,7 +360,7 @@ def call_from_thread(
             f"blocking {what} on the owner loop's own thread would deadlock: "
             "await loopbridge.proxy(obj) instead"
         )
-    call = ThreadCall(fn, args, kwargs, what, own, stats)
+    call = ThreadCall(fn, args, kwargs, what, own, stats, eager)
     lock = call.lock = threading.Lock()
     lock.acquire()
     call.submit()
@@ -368,7 +378,9 @@ def call_from_thread(
             except BaseException:
                 pass
             lock.acquire(timeout=grace)
+        stats.returned(call, 0.0)
         raise
+    stats.returned(call, _perf())
     return call.unwrap()
 
 
@@ -397,13 +409,14 @@ async def call_from_trio(
     own: Any,
     stats: Stats,
     grace: float,
+    eager: bool = False,
 ) -> Any:
     """A caller running under trio (directly or through anyio)."""
     import trio
 
     from ._trio import trio_port
 
-    call = TrioCall(fn, args, kwargs, what, own, stats)
+    call = TrioCall(fn, args, kwargs, what, own, stats, eager)
     call.caller = trio_port()
     call.event = trio.Event()
     call.submit()
@@ -422,8 +435,10 @@ async def call_from_trio(
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(grace):
                     await call.event.wait()
+        stats.returned(call, 0.0)
         raise
     if call.state == _CANCELLED:
         # Owner-side cancel: trio has no CancelledError to give, so say what happened.
         raise asyncio.CancelledError(*call.value.args)
+    stats.returned(call, _perf())
     return call.unwrap()

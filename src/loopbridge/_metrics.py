@@ -218,8 +218,9 @@ class _Data:
         self.c_caller_cancels, self.c_submitted = count(), count()
         self.s_completed, self.s_errors, self.s_cancelled = count(), count(), count()
         self.s_closes, self.s_opened = count(), count()
-        # (t_submit, t_start, t_end); t_end == 0.0 for streams (their run is not timed)
-        self.samples: deque[tuple[float, float, float]] = deque()
+        # (t_submit, t_start, t_end, t_return); t_end == t_return == 0.0 for
+        # streams (their run is not timed)
+        self.samples: deque[tuple[float, float, float, float]] = deque()
         self.returns: deque[float] = deque()
         self.sizes: deque[int] = deque()
         self.lock = threading.RLock()
@@ -235,10 +236,12 @@ class _Data:
             samples, returns, sizes = self.samples, self.returns, self.sizes
             adm, run, ret = self.admission.observe, self.run.observe, self.returned.observe
             for _ in range(len(samples)):
-                t_submit, t_start, t_end = samples.popleft()
+                t_submit, t_start, t_end, t_return = samples.popleft()
                 adm(t_start - t_submit)
                 if t_end:
                     run(t_end - t_start)
+                    if t_return:
+                        ret(t_return - t_end)
             for _ in range(len(returns)):
                 ret(returns.popleft())
             batch, items = self.batch_size.observe, 0
@@ -301,14 +304,18 @@ class Stats:
         next(self._submitted)
 
     def finished(self, state: int, op: Any) -> None:
+        """Count the outcome (owner side).  Latencies arrive with :meth:`returned`."""
         if state == _OK:
             next(self._ok)
         elif state == _ERROR:
             next(self._errors)
         else:
             next(self._cancelled)
+
+    def returned(self, op: Any, t_return: float) -> None:
+        """The caller received the outcome: record all three latencies at once."""
         if op.t_start:
-            self._samples.append((op.t_submit, op.t_start, op.t_end))
+            self._samples.append((op.t_submit, op.t_start, op.t_end, t_return))
             if len(self._samples) >= _FOLD_AT:
                 self._data.fold()
 
@@ -334,7 +341,7 @@ class Stats:
             next(self._s_cancelled)
         if op.t_start:
             # Admission only: a stream's lifetime is set by its consumer.
-            self._samples.append((op.t_submit, op.t_start, 0.0))
+            self._samples.append((op.t_submit, op.t_start, 0.0, 0.0))
             if len(self._samples) >= _FOLD_AT:
                 self._data.fold()
 

@@ -39,7 +39,7 @@ T = TypeVar("T")
 DEFAULT_WINDOW = 256
 DEFAULT_GRACE = 5.0
 
-_SLOTS = ("_lb_target", "_lb_own", "_lb_window", "_lb_grace", "_lb_stats")
+_SLOTS = ("_lb_target", "_lb_own", "_lb_window", "_lb_grace", "_lb_stats", "_lb_eager")
 
 
 # ------------------------------------------------------------ member factories
@@ -55,7 +55,15 @@ def _async_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             if loop is own._loop:
                 return fn(self._lb_target, *args, **kwargs)  # same loop (uvloop)
             return call_from_loop(
-                loop, fn, (self._lb_target, *args), kwargs, what, own, self._lb_stats, self._lb_grace
+                loop,
+                fn,
+                (self._lb_target, *args),
+                kwargs,
+                what,
+                own,
+                self._lb_stats,
+                self._lb_grace,
+                self._lb_eager,
             )
         # No loop yet (a coroutine created before asyncio.run, or trio): decide on await.
         return _dispatch(self, fn, (self._lb_target, *args), kwargs, what)
@@ -78,9 +86,9 @@ async def _dispatch(
     if loop is not None:
         if loop is own._loop:
             return await fn(*args, **kwargs)
-        return await call_from_loop(loop, fn, args, kwargs, what, own, stats, grace)
+        return await call_from_loop(loop, fn, args, kwargs, what, own, stats, grace, self._lb_eager)
     if current_library() == "trio":
-        return await call_from_trio(fn, args, kwargs, what, own, stats, grace)
+        return await call_from_trio(fn, args, kwargs, what, own, stats, grace, self._lb_eager)
     raise LoopAffinityError(
         f"awaiting {what} through a proxy needs a running asyncio loop or trio"
     )
@@ -231,6 +239,7 @@ def proxy(
     *,
     stream_window: int = DEFAULT_WINDOW,
     cancel_grace: float = DEFAULT_GRACE,
+    eager: bool = False,
 ) -> T:
     """A view of ``obj`` that is safe to use from any thread or event loop.
 
@@ -244,6 +253,13 @@ def proxy(
 
     If the caller is cancelled, the owner-side work is cancelled with the same
     message and the caller waits up to ``cancel_grace`` seconds for its cleanup.
+
+    Owner-side tasks start eagerly on Python 3.12+ (``eager_start``): a call
+    that finishes without suspending answers in the same loop iteration.  On
+    3.11, ``eager=True`` gets the same effect by running the first step before
+    any task exists; ``asyncio.current_task()`` is then ``None`` during that
+    step, so only use it for members that need no task before their first
+    ``await`` (no ``asyncio.timeout()``, ``TaskGroup`` or anyio scope there).
     """
     if getattr(type(obj), "__loopbridge_proxy__", False):
         return obj
@@ -265,6 +281,7 @@ def proxy(
     setattr_(p, "_lb_window", stream_window)
     setattr_(p, "_lb_grace", cancel_grace)
     setattr_(p, "_lb_stats", own.stats)
+    setattr_(p, "_lb_eager", bool(eager))
     return p
 
 
@@ -321,12 +338,15 @@ class Blocking(Generic[T]):
         target = object.__getattribute__(p, "_lb_target")
         stats: Stats = object.__getattribute__(p, "_lb_stats")
         grace: float = object.__getattribute__(p, "_lb_grace")
+        eager: bool = object.__getattribute__(p, "_lb_eager")
         window: int = object.__getattribute__(p, "_lb_window")
         if fn is not None and raw is not None and raw.__code__ is _ASYNC_CODE:
             what = f"{fn.__qualname__}()"
 
             def call(*args: Any, **kwargs: Any) -> Any:
-                return call_from_thread(fn, (target, *args), kwargs, what, own, stats, grace)
+                return call_from_thread(
+                    fn, (target, *args), kwargs, what, own, stats, grace, eager
+                )
 
             member = call
         elif fn is not None and raw is not None and raw.__code__ is _STREAM_CODE:

@@ -334,3 +334,24 @@ def test_is_proxy_and_unwrap(engine: Engine) -> None:
     assert lb.is_proxy(p) and not lb.is_proxy(engine)
     assert lb.unwrap(p) is engine
     assert lb.unwrap(engine) is engine
+
+
+def test_eager_calls_keep_results_errors_and_cancellation(owner: lb.LoopThread, engine: Engine) -> None:
+    p = lb.proxy(engine, eager=True)
+
+    async def main() -> None:
+        assert await p.echo(3) == 3  # finishes in its first step: no task at all
+        assert await p.where() is owner.loop  # suspends: continues in a task
+        with pytest.raises(ValueError, match="eager"):
+            await p.fail("eager")
+        task = asyncio.create_task(p.sleep(30))
+        await asyncio.sleep(0.05)
+        task.cancel("stop")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine.log[0][:2] == ("cancelled", ("stop",))
+        assert engine.log[1][0] == "cleanup done"
+
+    asyncio.run(main())
+    assert lb.blocking(p).echo(4) == 4
+    assert not tasks_on(owner.loop)

@@ -1,0 +1,15 @@
+"""The latency benchmark: ``python -m loopbridge_vllm.bench``.
+
+It starts vLLM's OpenAI server on its own thread over a real ``AsyncLLM`` owned
+by another loop, drives it over real HTTP from a separate load-generator
+process, and compares three ways for the HTTP thread to reach the engine, in
+interleaved rounds: ``unsafe`` (the raw engine), ``per-hop`` (one
+``run_coroutine_threadsafe`` hop per streamed output, as a hand-written fix
+does) and ``loopbridge``.  See ``docs/performance.md`` for the method.
+"""
+
+from __future__ import annotations
+
+from ._run import main
+
+__all__ = ["main"]

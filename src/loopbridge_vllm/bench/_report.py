@@ -1,0 +1,227 @@
+"""Statistics, the Markdown table and the plots of the latency benchmark."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["percentile", "summarize", "markdown", "plot"]
+
+MODE_COLORS = {"unsafe": "#7f7f7f", "per-hop": "#d62728", "loopbridge": "#1f77b4"}
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (``q`` in 0..100); NaN for no data."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _cell_key(c: int, busy: bool) -> str:
+    return f"c{c}{'-busy' if busy else ''}"
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (scenario, mode): pooled percentiles over all measured rounds.
+
+    ``records`` hold one entry per (round, scenario, mode) with that round's
+    samples.  Latency percentiles pool every successful request of the mode in
+    that scenario; the request rate is the median over rounds.  Ratios compare
+    modes of the same scenario, so drift hits both sides alike (rounds
+    interleave the modes).
+    """
+    groups: dict[tuple[int, bool, str], list[dict[str, Any]]] = {}
+    for rec in records:
+        if rec["warmup"]:
+            continue
+        groups.setdefault((rec["concurrency"], rec["busy"], rec["mode"]), []).append(rec)
+    rows: list[dict[str, Any]] = []
+    order = {m: i for i, m in enumerate(MODE_COLORS)}
+    for (c, busy, mode), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], order.get(kv[0][2], 9))):
+        ok = [s for r in recs for s in r["samples"] if s["error"] is None]
+        errors = [s["error"] for r in recs for s in r["samples"] if s["error"] is not None]
+        e2e = [s["e2e"] for s in ok]
+        ttft = [s["ttft"] for s in ok]
+        rates = [r["ok"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
+        tok_rates = [r["tokens"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
+        p99_rounds = [percentile([s["e2e"] for s in r["samples"] if s["error"] is None], 99) for r in recs]
+        rows.append(
+            {
+                "scenario": _cell_key(c, busy),
+                "concurrency": c,
+                "busy": busy,
+                "mode": mode,
+                "rounds": len(recs),
+                "requests": sum(len(r["samples"]) for r in recs),
+                "ok": len(ok),
+                "errors": len(errors),
+                "error_examples": sorted(set(errors))[:3],
+                "engine_died": sum(1 for r in recs if r.get("engine_died")),
+                "rate_rps": statistics.median(rates) if rates else math.nan,
+                "rate_rps_rounds": rates,
+                "tokens_per_s": statistics.median(tok_rates) if tok_rates else math.nan,
+                "ttft_p50": percentile(ttft, 50),
+                "ttft_p95": percentile(ttft, 95),
+                "ttft_p99": percentile(ttft, 99),
+                "e2e_p50": percentile(e2e, 50),
+                "e2e_p95": percentile(e2e, 95),
+                "e2e_p99": percentile(e2e, 99),
+                "e2e_p99_rounds": p99_rounds,
+            }
+        )
+    by = {(r["scenario"], r["mode"]): r for r in rows}
+    for r in rows:
+        for base in ("unsafe", "per-hop"):
+            b = by.get((r["scenario"], base))
+            if b is None or b is r:
+                continue
+            tag = base.replace("-", "")
+            r[f"p99_vs_{tag}"] = _ratio(r["e2e_p99"], b["e2e_p99"])
+            r[f"ttft_p99_vs_{tag}"] = _ratio(r["ttft_p99"], b["ttft_p99"])
+            r[f"rate_vs_{tag}"] = _ratio(r["rate_rps"], b["rate_rps"])
+            paired = [
+                _ratio(x, y) for x, y in zip(r["e2e_p99_rounds"], b["e2e_p99_rounds"])
+            ]
+            paired = [x for x in paired if not math.isnan(x)]
+            r[f"p99_vs_{tag}_round_median"] = statistics.median(paired) if paired else math.nan
+    return rows
+
+
+def _ratio(a: float, b: float) -> float:
+    if b == 0 or math.isnan(a) or math.isnan(b):
+        return math.nan
+    return a / b
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1e3:.0f}" if x >= 0.1 else f"{x * 1e3:.1f}"
+
+
+def _x(x: float | None) -> str:
+    return "" if x is None or math.isnan(x) else f"{x:.2f}x"
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"Streaming: {meta['stream']}; prompt {meta['prompt_len']} tokens, output "
+        f"{meta['output_len']} tokens; {meta['requests']} requests per mode per round, "
+        f"{meta['rounds']} measured rounds. Latencies in ms (pooled over rounds); rate = median "
+        "requests/s over rounds.",
+        "",
+        "| scenario | mode | req/s | TTFT p50 | TTFT p95 | TTFT p99 | e2e p50 | e2e p95 | e2e p99 | errors | p99 vs unsafe | p99 vs per-hop | rate vs unsafe |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        err = str(r["errors"]) + (f" (engine died {r['engine_died']}x)" if r["engine_died"] else "")
+        lines.append(
+            f"| {r['scenario']} | {r['mode']} | {r['rate_rps']:.2f} | {_ms(r['ttft_p50'])} | "
+            f"{_ms(r['ttft_p95'])} | {_ms(r['ttft_p99'])} | {_ms(r['e2e_p50'])} | "
+            f"{_ms(r['e2e_p95'])} | {_ms(r['e2e_p99'])} | {err} | {_x(r.get('p99_vs_unsafe'))} | "
+            f"{_x(r.get('p99_vs_perhop'))} | {_x(r.get('rate_vs_unsafe'))} |"
+        )
+    checks = target_checks(rows)
+    if checks:
+        lines += ["", "| scenario | target (loopbridge) | measured | met |", "|---|---|---|---|"]
+        for c in checks:
+            lines.append(f"| {c['scenario']} | {c['what']} | {c['value']} | {'yes' if c['met'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The project's HTTP targets, checked for every scenario that has the modes."""
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        if r["mode"] != "loopbridge":
+            continue
+        sc = r["scenario"]
+
+        def add(what: str, value: float, limit: float, fmt: str = "{:.2f}x", ge: bool = False) -> None:
+            if math.isnan(value):
+                return
+            met = value >= limit if ge else value <= limit
+            out.append({"scenario": sc, "what": what, "value": fmt.format(value), "met": met})
+
+        if not r["busy"]:
+            add("p99 ≤ 1.05x unsafe", r.get("p99_vs_unsafe", math.nan), 1.05)
+            add("req/s ≥ 0.98x unsafe", r.get("rate_vs_unsafe", math.nan), 0.98, ge=True)
+        add("p99 ≤ 0.8x per-hop", r.get("p99_vs_perhop", math.nan), 0.8)
+        out.append({"scenario": sc, "what": "zero errors", "value": str(r["errors"]), "met": r["errors"] == 0})
+    return out
+
+
+def plot(records: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Path, title: str) -> list[Path]:
+    """latency_cdf.png (one panel per scenario) and latency_p99.png (p99 vs concurrency)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: list[Path] = []
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    if not scenarios:
+        return out
+    ncols = min(2, len(scenarios))
+    nrows = math.ceil(len(scenarios) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 4.0 * nrows), squeeze=False)
+    for ax, sc in zip(axes.flat, scenarios):
+        for mode in modes:
+            xs = sorted(
+                s["e2e"]
+                for rec in records
+                if not rec["warmup"] and rec["mode"] == mode and _cell_key(rec["concurrency"], rec["busy"]) == sc
+                for s in rec["samples"]
+                if s["error"] is None
+            )
+            if not xs:
+                continue
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.plot([x * 1e3 for x in xs], ys, label=mode, color=MODE_COLORS.get(mode), lw=1.6)
+        ax.set_title(sc)
+        ax.set_xlabel("end-to-end latency (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.axhline(0.99, color="k", lw=0.5, ls=":")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    for ax in list(axes.flat)[len(scenarios):]:
+        ax.set_visible(False)
+    fig.suptitle(f"Latency CDF per mode: {title}")
+    fig.tight_layout()
+    path = out_dir / "latency_cdf.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out.append(path)
+
+    busy_kinds = sorted({r["busy"] for r in rows})
+    fig, axes = plt.subplots(1, len(busy_kinds), figsize=(6.2 * len(busy_kinds), 4.0), squeeze=False)
+    for ax, busy in zip(axes.flat, busy_kinds):
+        for mode in modes:
+            pts = sorted((r["concurrency"], r["e2e_p99"]) for r in rows if r["mode"] == mode and r["busy"] == busy)
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], marker="o", label=f"{mode} e2e", color=MODE_COLORS.get(mode))
+            tt = sorted((r["concurrency"], r["ttft_p99"]) for r in rows if r["mode"] == mode and r["busy"] == busy)
+            ax.plot([p[0] for p in tt], [p[1] * 1e3 for p in tt], marker="x", ls="--", label=f"{mode} TTFT", color=MODE_COLORS.get(mode))
+        ax.set_title("busy owner loop" if busy else "idle owner loop")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("p99 latency (ms)")
+        ax.set_xscale("log", base=2)
+        cs = sorted({r["concurrency"] for r in rows})
+        ax.set_xticks(cs, [str(c) for c in cs])
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"p99 vs concurrency: {title}")
+    fig.tight_layout()
+    path = out_dir / "latency_p99.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out.append(path)
+    return out

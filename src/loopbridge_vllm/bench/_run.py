@@ -1,0 +1,285 @@
+"""Command line and orchestration of the latency benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ._load import Job, LoadProcess
+from ._report import markdown, plot, summarize, target_checks
+from ._stack import MODES, BusyLoad, EngineSpec, Stack
+
+__all__ = ["main", "parse_args", "run"]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _modes(text: str) -> list[str]:
+    vals = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in vals if v not in MODES]
+    if not vals or bad:
+        raise argparse.ArgumentTypeError(f"modes must be from {', '.join(MODES)}; got {text!r}")
+    return vals
+
+
+def _engine_arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        parsed: Any = json.loads(value)
+    except ValueError:
+        parsed = value
+    return key.replace("-", "_"), parsed
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m loopbridge_vllm.bench",
+        description=(
+            "Latency of vLLM's OpenAI server on its own thread, driven over real HTTP, "
+            "with the engine reached three ways: unsafe (raw AsyncLLM), per-hop (one "
+            "run_coroutine_threadsafe hop per output) and loopbridge."
+        ),
+    )
+    ap.add_argument("--quick", action="store_true", help="a tiny run (smoke test): few requests, one round")
+    ap.add_argument("--requests", type=int, default=None, help="requests per mode, scenario and round (default 128)")
+    ap.add_argument("--concurrency", type=_ints, default=None, help="comma-separated (default 16,64)")
+    ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
+    ap.add_argument("--output-len", type=int, default=32, help="output tokens per request (default 32)")
+    ap.add_argument("--no-stream", dest="stream", action="store_false", help="non-streaming requests")
+    ap.add_argument("--rounds", type=int, default=None, help="measured rounds (default 4)")
+    ap.add_argument("--warmup-rounds", type=int, default=1, help="discarded rounds (default 1)")
+    ap.add_argument("--modes", type=_modes, default=list(MODES), help="default unsafe,per-hop,loopbridge")
+    ap.add_argument("--busy", choices=("off", "on", "both"), default="both", help="busy-owner scenarios (default both)")
+    ap.add_argument("--busy-slice-ms", type=float, default=4.0, help="CPU slice on the owner loop (default 4)")
+    ap.add_argument("--busy-period-ms", type=float, default=10.0, help="one slice per period (default 10)")
+    ap.add_argument("--refit-every-s", type=float, default=1.0, help="pause/resume cycle period, 0 = none (default 1)")
+    ap.add_argument("--refit-pause-ms", type=float, default=50.0, help="pause length (default 50)")
+    ap.add_argument("--step-ms", type=float, default=None, help="stand-in engine step time, emulating a GPU (default 5)")
+    ap.add_argument("--model", type=Path, default=None, help="a local Hugging Face model directory: real model (GPU)")
+    ap.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE", help="extra AsyncEngineArgs (repeatable; VALUE is JSON or a string)")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="engine batch limit (default: max concurrency)")
+    ap.add_argument("--max-model-len", type=int, default=None, help="default 512 on the stand-in, the model's own otherwise")
+    ap.add_argument("--cache-dir", type=Path, default=Path(".cache"), help="tiny model and vLLM cache (default ./.cache)")
+    ap.add_argument("--out", type=Path, default=Path("results/latency"), help="output directory (default ./results/latency)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds (default 120)")
+    ap.add_argument("--plots-dir", type=Path, default=None, help="where the PNG plots go (default: --out)")
+    ap.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    q = args.quick
+    if args.requests is None:
+        args.requests = 8 if q else 128
+    if args.concurrency is None:
+        args.concurrency = [4] if q else [16, 64]
+    if args.rounds is None:
+        args.rounds = 1 if q else 4
+    if args.step_ms is None:
+        args.step_ms = 1.0 if q else 5.0
+    for name in ("requests", "rounds", "prompt_len", "output_len"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup_rounds < 0:
+        ap.error("--warmup-rounds must be >= 0")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        ap.error(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
+    if args.max_num_seqs is None:
+        args.max_num_seqs = max(args.concurrency)
+    if args.max_model_len is None and args.model is None:
+        args.max_model_len = 512
+    if args.max_model_len is not None and args.prompt_len + args.output_len > args.max_model_len:
+        ap.error("--prompt-len + --output-len exceed --max-model-len")
+    return args
+
+
+def _scenarios(args: argparse.Namespace) -> list[tuple[int, bool]]:
+    busy = {"off": [False], "on": [True], "both": [False, True]}[args.busy]
+    return [(c, b) for b in busy for c in args.concurrency]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    # vLLM logs every engine step detail at INFO; keep the progress bar readable.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    spec = EngineSpec(
+        model=args.model,
+        cache_dir=args.cache_dir.resolve(),
+        step_s=args.step_ms / 1e3,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len or 0,
+        engine_args=tuple(args.engine_arg),
+    )
+    load = BusyLoad(
+        slice_s=args.busy_slice_ms / 1e3,
+        period_s=args.busy_period_ms / 1e3,
+        refit_every_s=args.refit_every_s,
+        refit_pause_s=args.refit_pause_ms / 1e3,
+    )
+    modes: list[str] = args.modes
+    scenarios = _scenarios(args)
+    total_rounds = args.warmup_rounds + args.rounds
+    total = total_rounds * len(scenarios) * len(modes) * args.requests
+    records: list[dict[str, Any]] = []
+    bar = _progress(total, args.progress)
+    t_start = time.perf_counter()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    # One line per finished job, so a crash of the process under test (the
+    # unsafe mode can abort it) keeps what was measured so far.
+    partial = (out / "latency.partial.jsonl").open("w")
+    load_proc = LoadProcess()
+    stack = Stack(spec, tuple(modes))
+    try:
+        bar.set_description("starting engine and servers")
+        stack.start()
+        bar.reset(total=total)  # start the clock (and the rate) after start-up
+        for rnd in range(total_rounds):
+            warm = rnd < args.warmup_rounds
+            for si, (c, busy) in enumerate(scenarios):
+                stack.set_busy(load if busy else None)
+                # Rotate the mode order every round and scenario: drift and
+                # warm-up effects hit every mode alike.
+                k = (rnd + si) % len(modes)
+                for mode in modes[k:] + modes[:k]:
+                    bar.set_description(f"round {rnd + 1}/{total_rounds}{' (warm-up)' if warm else ''} c={c}{' busy' if busy else ''} {mode}")
+                    job = Job(
+                        url=stack.url(mode),
+                        model=stack.served_name,
+                        requests=args.requests,
+                        concurrency=c,
+                        prompt_len=args.prompt_len,
+                        output_len=args.output_len,
+                        stream=args.stream,
+                        timeout_s=args.timeout,
+                        seed=args.seed + rnd * 1000 + si * 10,
+                    )
+                    wall, samples = load_proc.run(job)
+                    died = not stack.healthy
+                    ok = [s for s in samples if s.error is None]
+                    records.append(
+                        {
+                            "round": rnd,
+                            "warmup": warm,
+                            "concurrency": c,
+                            "busy": busy,
+                            "mode": mode,
+                            "wall_s": wall,
+                            "ok": len(ok),
+                            "tokens": sum(s.tokens for s in ok),
+                            "engine_died": died,
+                            "samples": [asdict(s) for s in samples],
+                        }
+                    )
+                    partial.write(json.dumps(records[-1]) + "\n")
+                    partial.flush()
+                    bar.update(args.requests)
+                    if died:
+                        bar.write(f"engine died during {mode} (c={c}); restarting the stack")
+                        stack.restart()
+                        if busy:
+                            stack.set_busy(load)
+                stack.set_busy(None)
+    finally:
+        bar.close()
+        partial.close()
+        stack.stop()
+        load_proc.close()
+    elapsed = time.perf_counter() - t_start
+    rows = summarize(records)
+    meta: dict[str, Any] = {
+        "engine": "local model" if args.model is not None else "vLLM AsyncLLM with the CPU stand-in executor",
+        "model": str(args.model) if args.model is not None else "tiny (stand-in)",
+        "step_ms": args.step_ms if args.model is None else None,
+        "stream": args.stream,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+        "warmup_rounds": args.warmup_rounds,
+        "modes": modes,
+        "busy_load": asdict(load),
+        "busy_counters": dict(stack.busy_counters),
+        "engine_restarts": stack.restarts,
+        "max_num_seqs": args.max_num_seqs,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "versions": _versions(),
+        "elapsed_s": elapsed,
+        "argv": list(args.argv),
+    }
+    return {"meta": meta, "rows": rows, "targets": target_checks(rows), "records": records}
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("loopbridge", "vllm", "httpx", "uvicorn", "torch"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "?"
+    return out
+
+
+class _NoBar:
+    def set_description(self, text: str) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+    def reset(self, total: int) -> None:
+        pass
+
+    def write(self, text: str) -> None:
+        print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(total=total, unit="req", dynamic_ncols=True, file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    result = run(args)
+    out: Path = args.out
+    table = markdown(result["rows"], result["meta"])
+    (out / "latency.json").write_text(json.dumps(result, indent=1))
+    (out / "latency.md").write_text(table + "\n")
+    written = [out / "latency.json", out / "latency.md"]
+    if args.plots:
+        plots_dir: Path = args.plots_dir or out
+        plots_dir.mkdir(parents=True, exist_ok=True)
+        title = f"{'streaming' if args.stream else 'non-streaming'}, {args.output_len} output tokens"
+        written += plot(result["records"], result["rows"], plots_dir, title)
+    print(table)
+    print(f"\nwrote {', '.join(map(str, written))} ({result['meta']['elapsed_s']:.0f} s)")
+    return result

@@ -1,0 +1,273 @@
+"""The serving process under test: one engine owner loop, one HTTP server per mode.
+
+The engine (a real ``AsyncLLM``) is created on a dedicated owner loop thread,
+the way a Ray actor's loop owns it.  Each mode gets its own vLLM OpenAI server
+on its own thread, all over the *same* engine, so that the modes differ only in
+how the HTTP thread reaches the engine:
+
+* ``unsafe``: the raw ``AsyncLLM`` (no race hook installed), with the one
+  guard the downstream deployment had before its fix: a lock around the engine
+  input socket's ``send_multipart``.  Without it, the HTTP thread's
+  ``add_request`` and the owner loop's utility calls (the refit cycle)
+  interleave frames on one ZMQ socket, and libzmq aborts the whole process
+  (``Assertion failed: !_current_out``);
+* ``per-hop``: :class:`~loopbridge_vllm.bench._perhop.PerHopClient`;
+* ``loopbridge``: :func:`loopbridge_vllm.engine_client_proxy`.
+
+The optional *busy owner* load runs on the owner loop too: CPU work in slices
+(what an output backlog or unrelated actor methods look like to the loop) and a
+refit-like ``pause_generation(mode="keep")`` / ``resume_generation()`` cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loopbridge import LoopThread
+
+__all__ = ["MODES", "BusyLoad", "EngineSpec", "Stack"]
+
+MODES = ("unsafe", "per-hop", "loopbridge")
+SERVED_NAME = "bench"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which engine to build."""
+
+    model: Path | None  # a local HF model directory (GPU), or None: the CPU stand-in
+    cache_dir: Path
+    step_s: float  # stand-in step time
+    max_num_seqs: int
+    max_model_len: int  # 0: the model's own
+    engine_args: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class BusyLoad:
+    """Extra work on the owner loop (all zero: none)."""
+
+    slice_s: float = 0.0  # CPU work per slice
+    period_s: float = 0.0  # one slice per period
+    refit_every_s: float = 0.0  # a pause/resume cycle this often
+    refit_pause_s: float = 0.0  # how long generation stays paused
+
+    @property
+    def active(self) -> bool:
+        return (self.slice_s > 0 and self.period_s > 0) or (self.refit_every_s > 0)
+
+
+def _spin(seconds: float) -> int:
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+async def _busy(engine: Any, load: BusyLoad, counters: dict[str, int]) -> None:
+    async def cpu() -> None:
+        while True:
+            _spin(load.slice_s)
+            counters["slices"] += 1
+            await asyncio.sleep(max(0.0, load.period_s - load.slice_s))
+
+    async def refit() -> None:
+        while True:
+            await asyncio.sleep(load.refit_every_s)
+            try:
+                await engine.pause_generation(mode="keep", clear_cache=False)
+            except Exception:
+                # The engine sets the paused state before it waits for the
+                # device; an executor without that wait fails here, but
+                # generation is paused all the same.
+                counters["refit_pause_errors"] += 1
+            try:
+                await asyncio.sleep(load.refit_pause_s)
+            finally:
+                await engine.resume_generation()
+            counters["refits"] += 1
+
+    loop = asyncio.get_running_loop()
+    tasks = []
+    if load.slice_s > 0 and load.period_s > 0:
+        tasks.append(loop.create_task(cpu()))
+    if load.refit_every_s > 0:
+        tasks.append(loop.create_task(refit()))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Stack:
+    """Engine on its owner thread plus one OpenAI server per mode."""
+
+    def __init__(self, spec: EngineSpec, modes: tuple[str, ...] = MODES) -> None:
+        self.spec = spec
+        self.modes = modes
+        self.owner: LoopThread | None = None
+        self.engine: Any = None
+        self.servers: dict[str, Any] = {}
+        self.restarts = 0
+        self._busy: asyncio.Task[None] | None = None
+        self.busy_counters = {"slices": 0, "refits": 0, "refit_pause_errors": 0}
+
+    @property
+    def served_name(self) -> str:
+        return SERVED_NAME
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> Stack:
+        spec = self.spec
+        if spec.model is None:
+            from loopbridge_vllm.cpu_engine import STEP_ENV, build_tiny_model, cpu_engine_env
+
+            cpu_engine_env(spec.cache_dir / "vllm")
+            os.environ[STEP_ENV] = repr(spec.step_s)  # read by the spawned EngineCore
+            model_dir: Path = build_tiny_model(spec.cache_dir / "tiny-model")
+        else:
+            model_dir = spec.model
+        overrides: dict[str, Any] = {
+            "served_model_name": [SERVED_NAME],
+            "max_num_seqs": spec.max_num_seqs,
+            "disable_log_stats": True,
+        }
+        if spec.max_model_len:
+            overrides["max_model_len"] = spec.max_model_len
+        overrides.update(dict(spec.engine_args))
+        self.owner = LoopThread("bench-engine-owner").start()
+        self.engine = self.owner.run(_make_engine, model_dir, spec.model is None, overrides)
+        # vLLM's own server caches this at start-up; doing it on the owner loop
+        # means the unsafe server needs no utility call from its thread.
+        self.owner.run(self.engine.get_supported_tasks)
+        if "unsafe" in self.modes:
+            _lock_input_socket(self.engine)
+        try:
+            for mode in self.modes:
+                self.servers[mode] = self._start_server(mode)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_server(self, mode: str) -> Any:
+        from loopbridge_vllm.server import OpenAIServer, start_openai_server
+
+        from ._perhop import PerHopClient
+
+        assert self.owner is not None
+        if mode == "unsafe":
+            return OpenAIServer(self.engine, name="bench-http-unsafe").start(120)
+        if mode == "per-hop":
+            client = PerHopClient(self.engine, self.owner.loop)
+            return OpenAIServer(client, name="bench-http-per-hop").start(120)  # type: ignore[arg-type]
+        if mode == "loopbridge":
+            return start_openai_server(self.engine, start_timeout=120)
+        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+
+    def url(self, mode: str) -> str:
+        return str(self.servers[mode].url)
+
+    @property
+    def healthy(self) -> bool:
+        return self.engine is not None and not self.engine.errored
+
+    def restart(self) -> None:
+        """Rebuild everything (after the unsafe mode killed the engine)."""
+        self.stop()
+        self.restarts += 1
+        self.start()
+
+    def stop(self) -> None:
+        self.set_busy(None)
+        for server in self.servers.values():
+            try:
+                server.stop(timeout=15)
+            except Exception:
+                pass
+        self.servers = {}
+        if self.engine is not None:
+            # On the owner loop: the output handler is cancelled there before
+            # it can report the EngineCore's exit as an engine failure.
+            try:
+                if self.owner is not None and self.owner.running:
+                    self.owner.run(_shutdown_engine, self.engine)
+                else:
+                    self.engine.shutdown()
+            except Exception:
+                pass
+            self.engine = None
+        if self.owner is not None:
+            self.owner.stop()
+            self.owner = None
+        gc.collect()
+
+    # -- busy owner -------------------------------------------------------------
+    def set_busy(self, load: BusyLoad | None) -> None:
+        """Start ``load`` on the owner loop, or stop the current one (``None``)."""
+        owner = self.owner
+        if self._busy is not None:
+            task, self._busy = self._busy, None
+            if owner is not None and owner.running:
+                owner.run(_stop_task, task)
+        if load is not None and load.active and owner is not None:
+            self._busy = owner.run(_start_task, _busy(self.engine, load, self.busy_counters))
+
+
+def _lock_input_socket(engine: Any) -> None:
+    """Serialize sends on the engine's input socket (see the module docstring)."""
+    sock = engine.engine_core.input_socket
+    target = getattr(sock, "_shadow_sock", sock)  # zmq.asyncio sends through its shadow
+    send = target.send_multipart
+    lock = threading.Lock()
+
+    def locked_send(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return send(*args, **kwargs)
+
+    target.send_multipart = locked_send
+
+
+async def _shutdown_engine(engine: Any) -> None:
+    handler = getattr(engine, "output_handler", None)
+    if isinstance(handler, asyncio.Task) and not handler.done():
+        handler.cancel()
+        try:
+            await handler
+        except BaseException:
+            pass
+    engine.shutdown()
+
+
+async def _start_task(coro: Any) -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(coro)
+
+
+async def _stop_task(task: asyncio.Task[None]) -> None:
+    # Wait for its cleanup (resume_generation) before the next scenario starts.
+    task.cancel()
+    try:
+        await task
+    except BaseException:
+        pass
+
+
+async def _make_engine(model_dir: Path, standin: bool, overrides: dict[str, Any]) -> Any:
+    if standin:
+        from loopbridge_vllm.cpu_engine import make_async_llm
+
+        return await make_async_llm(model_dir, **overrides)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(model_dir), **overrides))
