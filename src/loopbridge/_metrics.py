@@ -201,6 +201,56 @@ class Totals:
         }
 
 
+def _fold_latencies(
+    samples: deque[tuple[float, float, float, float]],
+    admission: Histogram,
+    run: Histogram,
+    returned: Histogram,
+) -> None:
+    """The hot part of folding, inlined: about 0.25 µs per sample instead of
+    three ``observe()`` calls."""
+    ac, rc, tc = admission.counts, run.counts, returned.counts
+    a_sum = r_sum = t_sum = 0.0
+    a_n = r_n = t_n = 0
+    a_max, r_max, t_max = admission.max, run.max, returned.max
+    nb = _NB
+    pop = samples.popleft
+    for _ in range(len(samples)):
+        t_submit, t_start, t_end, t_return = pop()
+        d = t_start - t_submit
+        i = int(d * 1e6).bit_length()
+        ac[i if i < nb else nb] += 1
+        a_sum += d
+        a_n += 1
+        if d > a_max:
+            a_max = d
+        if t_end:
+            d = t_end - t_start
+            i = int(d * 1e6).bit_length()
+            rc[i if i < nb else nb] += 1
+            r_sum += d
+            r_n += 1
+            if d > r_max:
+                r_max = d
+            if t_return:
+                d = t_return - t_end
+                i = int(d * 1e6).bit_length()
+                tc[i if i < nb else nb] += 1
+                t_sum += d
+                t_n += 1
+                if d > t_max:
+                    t_max = d
+    admission.total += a_sum
+    admission.n += a_n
+    admission.max = a_max
+    run.total += r_sum
+    run.n += r_n
+    run.max = r_max
+    returned.total += t_sum
+    returned.n += t_n
+    returned.max = t_max
+
+
 class _Data:
     """What one :class:`Stats` records.  Holds no reference to the Stats, so it
     can outlive it and be retired into the per-name totals."""
@@ -234,14 +284,9 @@ class _Data:
         """Move raw samples into the histograms (any thread)."""
         with self.lock:
             samples, returns, sizes = self.samples, self.returns, self.sizes
-            adm, run, ret = self.admission.observe, self.run.observe, self.returned.observe
-            for _ in range(len(samples)):
-                t_submit, t_start, t_end, t_return = samples.popleft()
-                adm(t_start - t_submit)
-                if t_end:
-                    run(t_end - t_start)
-                    if t_return:
-                        ret(t_return - t_end)
+            if samples:
+                _fold_latencies(samples, self.admission, self.run, self.returned)
+            ret = self.returned.observe
             for _ in range(len(returns)):
                 ret(returns.popleft())
             batch, items = self.batch_size.observe, 0
