@@ -258,7 +258,7 @@ class _Data:
     __slots__ = (
         "c_ok", "c_errors", "c_cancelled", "c_caller_cancels", "c_submitted",
         "s_completed", "s_errors", "s_cancelled", "s_closes", "s_opened",
-        "samples", "returns", "sizes", "lock", "items",
+        "samples", "sizes", "lock", "items",
         "admission", "run", "returned", "batch_size",
     )  # fmt: skip
 
@@ -271,7 +271,6 @@ class _Data:
         # (t_submit, t_start, t_end, t_return); t_end == t_return == 0.0 for
         # streams (their run is not timed)
         self.samples: deque[tuple[float, float, float, float]] = deque()
-        self.returns: deque[float] = deque()
         self.sizes: deque[int] = deque()
         self.lock = threading.RLock()
         self.items = 0
@@ -283,12 +282,9 @@ class _Data:
     def fold(self) -> None:
         """Move raw samples into the histograms (any thread)."""
         with self.lock:
-            samples, returns, sizes = self.samples, self.returns, self.sizes
+            samples, sizes = self.samples, self.sizes
             if samples:
                 _fold_latencies(samples, self.admission, self.run, self.returned)
-            ret = self.returned.observe
-            for _ in range(len(returns)):
-                ret(returns.popleft())
             batch, items = self.batch_size.observe, 0
             for _ in range(len(sizes)):
                 n = sizes.popleft()
@@ -325,7 +321,7 @@ class Stats:
 
     __slots__ = (
         "name", "_data", "_submitted", "_ok", "_errors", "_cancelled", "_caller_cancels",
-        "_opened", "_s_ok", "_s_errors", "_s_cancelled", "_s_closes", "_samples", "_returns",
+        "_opened", "_s_ok", "_s_errors", "_s_cancelled", "_s_closes", "_samples",
         "_sizes", "__weakref__",
     )  # fmt: skip
 
@@ -337,7 +333,7 @@ class Stats:
         self._cancelled, self._caller_cancels = d.c_cancelled, d.c_caller_cancels
         self._opened, self._s_ok, self._s_errors = d.s_opened, d.s_completed, d.s_errors
         self._s_cancelled, self._s_closes = d.s_cancelled, d.s_closes
-        self._samples, self._returns, self._sizes = d.samples, d.returns, d.sizes
+        self._samples, self._sizes = d.samples, d.sizes
         ref = weakref.ref(self, _retire)
         _live[ref] = (name, d)
 
@@ -367,11 +363,6 @@ class Stats:
     def cancelled(self) -> None:
         """The caller cancelled (counted in addition to how the call ended)."""
         next(self._caller_cancels)
-
-    def returned_after(self, seconds: float) -> None:
-        self._returns.append(seconds)
-        if len(self._returns) >= _FOLD_AT:
-            self._data.fold()
 
     # -- streams (any thread) -----------------------------------------------
     def stream_started(self) -> None:
