@@ -199,13 +199,11 @@ def _start(call: Call) -> None:
     call.t_start = _perf()
     coro = _run(call, loop)
     if call.eager and not NATIVE_EAGER:
-        # Opt-in on 3.11: the first step runs here, without a task; only a
-        # call that suspends gets one.
+        # Opt-in before 3.12: the first step runs here, without a task; only
+        # a call that suspends gets one.
         call.task = step_then_task(loop, coro, call.ctx)
-    elif _PY311:
+    else:
         call.task = start_task(loop, coro, call.ctx)
-    else:  # pragma: no cover - 3.10 copies the current context in Task()
-        call.task = call.ctx.run(loop.create_task, coro)
 
 
 async def _run(call: Call, loop: asyncio.AbstractEventLoop) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 __all__ = ["NATIVE_EAGER", "start_task", "step_then_task"]
 
 _NATIVE = NATIVE_EAGER = sys.version_info >= (3, 12)
+_PY311 = sys.version_info >= (3, 11)
 _Task = asyncio.Task
 _FACTORY = object()
 
@@ -26,6 +27,8 @@ def start_task(
     loop: asyncio.AbstractEventLoop, coro: Any, ctx: contextvars.Context
 ) -> asyncio.Task[Any]:
     """A task for ``coro`` in context ``ctx``, started eagerly where possible."""
+    if not _PY311:  # 3.10: Task() has no context argument; it copies the current one
+        return ctx.run(loop.create_task, coro)
     if getattr(loop, "_task_factory", _FACTORY) is not None:
         # A custom task factory (or uvloop, whose create_task is C): respect it.
         return loop.create_task(coro, context=ctx)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import sys
 import threading
 import time
 from collections import deque
@@ -42,7 +41,6 @@ from ._ports import LIVENESS_INTERVAL, Port, get_running_loop, running_port
 __all__ = ["RemoteStream", "BlockingStream", "Channel"]
 
 Y = TypeVar("Y")
-_PY311 = sys.version_info >= (3, 11)
 _perf = time.perf_counter
 
 _DONE, _ERROR, _CANCELLED = 1, 2, 3
@@ -237,10 +235,7 @@ def _start_pump(ch: Channel) -> None:
     ch.t_start = _perf()
     loop = owner.loop
     coro = _pump(ch, loop)
-    if _PY311:
-        ch.pump = start_task(loop, coro, ch.ctx)
-    else:  # pragma: no cover
-        ch.pump = ch.ctx.run(loop.create_task, coro)
+    ch.pump = start_task(loop, coro, ch.ctx)
 
 
 async def _pump(ch: Channel, loop: asyncio.AbstractEventLoop) -> None:
