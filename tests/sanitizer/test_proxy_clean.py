@@ -10,11 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from sanitizer_support import in_thread
 
+import loopbridge as lb
 from loopbridge._sanitizer import sanitize
-
-lb = pytest.importorskip("loopbridge")
-if not hasattr(lb, "proxy"):  # pragma: no cover - the core is not there yet
-    pytest.skip("loopbridge.proxy is not available", allow_module_level=True)
 
 
 @lb.loop_affine
