@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sanitizer_support import LoopInThread, SlotCollector, collector_pattern
 
 import loopbridge
