@@ -48,7 +48,11 @@ def _where(frame: FrameType) -> str:
 
 
 def _outside(filename: str) -> bool:
-    return not filename.startswith(_PKG_DIR) and not filename.startswith(_ASYNCIO_DIR)
+    return (
+        not filename.startswith(_PKG_DIR)
+        and not filename.startswith(_ASYNCIO_DIR)
+        and not filename.startswith("<loopbridge ")  # generated wrappers (_codegen)
+    )
 
 
 def submission_site() -> str | None:

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, Callable, TypeVar, overload
 
+from ._codegen import build
 from ._errors import LoopAffinityError, OwnerLoopClosed
 from ._metrics import Stats
 from ._ports import Port, get_running_loop, port_for_loop, rearm
@@ -375,73 +376,23 @@ def _generic_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
-_TEMPLATE = """
-def make(__lb_fn, __lb_check, __lb_ident, __lb_key{defaults}):
+_GUARD = """
+def make({make_params}):
     def guarded({params}):
-        __lb_own = {self_name}.__dict__.get(__lb_key)
+        __lb_own = {self}.__dict__.get(__lb_key)
         if __lb_own is not None and not (
             __lb_own._tid_check and __lb_own._loop._thread_id == __lb_ident()
         ):
-            __lb_check({self_name}, __lb_fn)
-        return __lb_fn({forward})
+            __lb_check({self}, __lb_fn)
+        return __lb_fn({self}, {args})
     return guarded
 """
 
 
 def _exact_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
-    sig = inspect.signature(fn)
-    P = inspect.Parameter
-    params: list[str] = []
-    forward: list[str] = []
-    defaults: dict[str, Any] = {}
-    seen_kwonly = False
-    posonly_open = False
-    for i, p in enumerate(sig.parameters.values()):
-        if p.name.startswith("__lb_"):
-            raise ValueError(p.name)
-        text = p.name
-        if p.default is not P.empty:
-            key = f"__lb_d{i}"
-            defaults[key] = p.default
-            text = f"{p.name}={key}"
-        if p.kind is P.POSITIONAL_ONLY:
-            posonly_open = True
-        elif posonly_open:
-            params.append("/")
-            posonly_open = False
-        if p.kind is P.VAR_POSITIONAL:
-            params.append(f"*{p.name}")
-            forward.append(f"*{p.name}")
-            seen_kwonly = True
-            continue
-        if p.kind is P.VAR_KEYWORD:
-            params.append(f"**{p.name}")
-            forward.append(f"**{p.name}")
-            continue
-        if p.kind is P.KEYWORD_ONLY:
-            if not seen_kwonly:
-                params.append("*")
-                seen_kwonly = True
-            params.append(text)
-            forward.append(f"{p.name}={p.name}")
-            continue
-        params.append(text)
-        forward.append(p.name)
-    if posonly_open:
-        params.append("/")
-    first = next(iter(sig.parameters.values()), None)
-    if first is None or first.kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
-        raise ValueError("not a method")
-    src = _TEMPLATE.format(
-        defaults="".join(f", {k}" for k in defaults),
-        params=", ".join(params),
-        self_name=first.name,
-        forward=", ".join(forward),
+    return build(
+        _GUARD, fn, "check", __lb_fn=fn, __lb_check=_check, __lb_ident=_get_ident, __lb_key=_ATTR
     )
-    ns: dict[str, Any] = {}
-    exec(compile(src, f"<loopbridge check of {fn.__qualname__}>", "exec"), ns)
-    made: Callable[..., Any] = ns["make"](fn, _check, _get_ident, _ATTR, **defaults)
-    return made
 
 
 def original(fn: Any) -> Any:

@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable, Generic, TypeVar, cast
 
 from ._calls import call_from_loop, call_from_thread, call_from_trio
+from ._codegen import build
 from ._errors import LoopAffinityError
 from ._metrics import Stats
 from ._ownership import MemberKind, Ownership, classify, original, ownership_of
@@ -43,35 +44,68 @@ _SLOTS = ("_lb_target", "_lb_own", "_lb_window", "_lb_grace", "_lb_stats", "_lb_
 
 
 # ------------------------------------------------------------ member factories
+_ASYNC_MEMBER = """
+def make({make_params}):
+    def member({params}):
+        __lb_own = {self}._lb_own
+        __lb_loop = __lb_own._loop
+        if __lb_own._tid_check and __lb_loop._thread_id == __lb_ident():
+            return __lb_fn({self}._lb_target, {args})  # same loop: straight through
+        __lb_running = __lb_grl()
+        if __lb_running is not None:
+            if __lb_running is __lb_loop:
+                return __lb_fn({self}._lb_target, {args})  # same loop (uvloop)
+            return __lb_cfl(
+                __lb_running, __lb_fn, ({self}._lb_target, {positional}), {keywords},
+                __lb_what, __lb_own, {self}._lb_stats, {self}._lb_grace, {self}._lb_eager,
+            )
+        # No loop yet (created before asyncio.run, or under trio): decide on await.
+        return __lb_dispatch({self}, __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what)
+    return member
+"""
+
+
 def _async_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     what = f"{fn.__qualname__}()"
+    try:
+        member = build(
+            _ASYNC_MEMBER,
+            fn,
+            "proxy member",
+            __lb_fn=fn,
+            __lb_ident=get_ident,
+            __lb_grl=get_running_loop,
+            __lb_cfl=call_from_loop,
+            __lb_dispatch=_dispatch,
+            __lb_what=what,
+        )
+    except (TypeError, ValueError, SyntaxError):  # pragma: no cover - exotic signatures
 
-    def member(self: Any, *args: Any, **kwargs: Any) -> Any:
-        own = self._lb_own
-        if own._tid_check and own._loop._thread_id == get_ident():
-            return fn(self._lb_target, *args, **kwargs)  # same loop: straight through
-        loop = get_running_loop()
-        if loop is not None:
-            if loop is own._loop:
-                return fn(self._lb_target, *args, **kwargs)  # same loop (uvloop)
-            return call_from_loop(
-                loop,
-                fn,
-                (self._lb_target, *args),
-                kwargs,
-                what,
-                own,
-                self._lb_stats,
-                self._lb_grace,
-                self._lb_eager,
-            )
-        # No loop yet (a coroutine created before asyncio.run, or trio): decide on await.
-        return _dispatch(self, fn, (self._lb_target, *args), kwargs, what)
+        def member(self: Any, *args: Any, **kwargs: Any) -> Any:
+            own = self._lb_own
+            if own._tid_check and own._loop._thread_id == get_ident():
+                return fn(self._lb_target, *args, **kwargs)
+            loop = get_running_loop()
+            if loop is not None:
+                if loop is own._loop:
+                    return fn(self._lb_target, *args, **kwargs)
+                return call_from_loop(
+                    loop, fn, (self._lb_target, *args), kwargs, what, own,
+                    self._lb_stats, self._lb_grace, self._lb_eager,
+                )  # fmt: skip
+            return _dispatch(self, fn, (self._lb_target, *args), kwargs, what)
 
+    return _describe(member, name, fn, "async")
+
+
+def _describe(
+    member: Callable[..., Any], name: str, fn: Callable[..., Any], kind: str
+) -> Callable[..., Any]:
     member.__name__ = name
     member.__qualname__ = fn.__qualname__
     member.__doc__ = fn.__doc__
     member.__wrapped__ = fn  # type: ignore[attr-defined]
+    member.__loopbridge_kind__ = kind  # type: ignore[attr-defined]
     return member
 
 
@@ -106,11 +140,7 @@ def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         ch = Channel(fn, (target, *args), kwargs, what, own, self._lb_window, self._lb_stats)
         return RemoteStream(ch, self._lb_grace)
 
-    member.__name__ = name
-    member.__qualname__ = fn.__qualname__
-    member.__doc__ = fn.__doc__
-    member.__wrapped__ = fn  # type: ignore[attr-defined]
-    return member
+    return _describe(member, name, fn, "stream")
 
 
 class _Passthrough:
@@ -340,7 +370,8 @@ class Blocking(Generic[T]):
         grace: float = object.__getattribute__(p, "_lb_grace")
         eager: bool = object.__getattribute__(p, "_lb_eager")
         window: int = object.__getattribute__(p, "_lb_window")
-        if fn is not None and raw is not None and raw.__code__ is _ASYNC_CODE:
+        kind = getattr(raw, "__loopbridge_kind__", None)
+        if fn is not None and kind == "async":
             what = f"{fn.__qualname__}()"
 
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -349,7 +380,7 @@ class Blocking(Generic[T]):
                 )
 
             member = call
-        elif fn is not None and raw is not None and raw.__code__ is _STREAM_CODE:
+        elif fn is not None and kind == "stream":
             what = f"{fn.__qualname__}()"
 
             def iterate(*args: Any, **kwargs: Any) -> Any:
@@ -370,8 +401,6 @@ class Blocking(Generic[T]):
         return f"<loopbridge blocking face of {object.__getattribute__(self, '_lb_proxy')!r}>"
 
 
-_ASYNC_CODE = _async_member("x", lambda: None).__code__
-_STREAM_CODE = _stream_member("x", lambda: None).__code__
 
 
 def blocking(p: T) -> Blocking[T]:

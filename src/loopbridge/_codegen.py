@@ -1,0 +1,105 @@
+"""Wrappers with a method's exact signature.
+
+Forwarding through ``(self, *args, **kwargs)`` costs more than the work the
+wrappers do (the affinity check, the same-loop test of a proxy member): CPython
+must pack and unpack both containers.  So the wrappers are generated with the
+wrapped method's own parameter list and forward each argument by name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Forwarding", "forwarding", "build"]
+
+
+@dataclass(frozen=True)
+class Forwarding:
+    """Source fragments for a wrapper of one method."""
+
+    params: str  # the full parameter list, defaults bound to __lb_d<i> names
+    self_name: str
+    args: str  # everything after self, as call arguments: "a, b, *rest, c=c, **kw"
+    positional: str  # positional arguments after self, for a tuple: "a, b, *rest, "
+    keywords: str  # keyword arguments as a dict display: "{'c': c, **kw}"
+    defaults: dict[str, Any]
+
+
+def forwarding(fn: Callable[..., Any]) -> Forwarding:
+    """Describe ``fn``'s signature; raises ``ValueError`` when it can't be mirrored."""
+    P = inspect.Parameter
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+        raise ValueError("not a method")
+    out: list[str] = []
+    positional: list[str] = []
+    keywords: list[str] = []  # dict display items
+    by_name: list[str] = []  # the same, as call arguments
+    defaults: dict[str, Any] = {}
+    kwonly_started = posonly_open = False
+    for i, p in enumerate(params):
+        if p.name.startswith("__lb_"):
+            raise ValueError(p.name)
+        text = p.name
+        if p.default is not P.empty:
+            defaults[f"__lb_d{i}"] = p.default
+            text = f"{p.name}=__lb_d{i}"
+        if p.kind is P.POSITIONAL_ONLY:
+            posonly_open = True
+        elif posonly_open:
+            out.append("/")
+            posonly_open = False
+        if p.kind is P.VAR_POSITIONAL:
+            out.append(f"*{p.name}")
+            positional.append(f"*{p.name}")
+            kwonly_started = True
+        elif p.kind is P.VAR_KEYWORD:
+            out.append(f"**{p.name}")
+            keywords.append(f"**{p.name}")
+            by_name.append(f"**{p.name}")
+        elif p.kind is P.KEYWORD_ONLY:
+            if not kwonly_started:
+                out.append("*")
+                kwonly_started = True
+            out.append(text)
+            keywords.append(f"{p.name!r}: {p.name}")
+            by_name.append(f"{p.name}={p.name}")
+        else:
+            out.append(text)
+            if i:
+                positional.append(p.name)
+    if posonly_open:
+        out.append("/")
+    return Forwarding(
+        params=", ".join(out),
+        self_name=params[0].name,
+        args=", ".join(positional + by_name),
+        positional="".join(f"{a}, " for a in positional),
+        keywords="{" + ", ".join(keywords) + "}",
+        defaults=defaults,
+    )
+
+
+def build(template: str, fn: Callable[..., Any], label: str, **env: Any) -> Callable[..., Any]:
+    """Compile ``template`` for ``fn`` and return the wrapper ``make(**env)`` returns.
+
+    The template defines ``make(<env names>, <default names>)`` and may use the
+    fields of :class:`Forwarding` as ``{params}``, ``{self}``, ``{args}``,
+    ``{positional}`` and ``{keywords}``.
+    """
+    fw = forwarding(fn)
+    names = [*env, *fw.defaults]
+    src = template.format(
+        make_params=", ".join(names),
+        params=fw.params,
+        self=fw.self_name,
+        args=fw.args,
+        positional=fw.positional,
+        keywords=fw.keywords,
+    )
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<loopbridge {label} of {fn.__qualname__}>", "exec"), ns)
+    made: Callable[..., Any] = ns["make"](**env, **fw.defaults)
+    return made
