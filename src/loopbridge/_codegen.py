@@ -30,7 +30,9 @@ class Forwarding:
 def forwarding(fn: Callable[..., Any]) -> Forwarding:
     """Describe ``fn``'s signature; raises ``ValueError`` when it can't be mirrored."""
     P = inspect.Parameter
-    params = list(inspect.signature(fn).parameters.values())
+    # The callable's own parameters, not those of a function it wraps: a
+    # decorator's wrapper may accept more (or other) arguments than its target.
+    params = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     if not params or params[0].kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
         raise ValueError("not a method")
     out: list[str] = []

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import threading
 import traceback
+from typing import Any
 
 import pytest
 
@@ -355,3 +356,31 @@ def test_eager_calls_keep_results_errors_and_cancellation(owner: lb.LoopThread, 
     asyncio.run(main())
     assert lb.blocking(p).echo(4) == 4
     assert not tasks_on(owner.loop)
+
+
+def test_members_wrapped_by_decorators_keep_their_real_signature(asyncio_owner: lb.LoopThread) -> None:
+    import functools
+
+    def injects_retries(fn: Any) -> Any:
+        @functools.wraps(fn)
+        async def wrapper(self: Any, *args: Any, retries: int = 0, **kwargs: Any) -> Any:
+            return (await fn(self, *args, **kwargs), retries)
+
+        return wrapper
+
+    @lb.loop_affine
+    class Decorated:
+        @injects_retries
+        async def get(self, x: int) -> int:
+            return x
+
+    async def make() -> Decorated:
+        return Decorated()
+
+    p = lb.proxy(asyncio_owner.run(make))
+
+    async def main() -> None:
+        assert await p.get(1) == (1, 0)
+        assert await p.get(2, retries=3) == (2, 3)  # accepted by the real wrapper
+
+    asyncio.run(main())
