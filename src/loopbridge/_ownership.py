@@ -341,7 +341,7 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """
     try:
         guarded = _exact_wrapper(fn)
-    except (TypeError, ValueError, SyntaxError):  # pragma: no cover - exotic signatures
+    except (TypeError, ValueError, SyntaxError):  # e.g. a decorator's (*args, **kwargs)
         guarded = _generic_wrapper(fn)
     functools.update_wrapper(guarded, fn)
     setattr(guarded, _ORIGINAL, fn)

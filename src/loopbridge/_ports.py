@@ -102,8 +102,8 @@ class Port:
         self.ran = False
         self._stopped_checks = 0
         self._keeper: asyncio.Task[None] | None = None
-        # Owner ports that callers on *this* loop are waiting on -> count.
-        self._watched: dict[Port, int] = {}
+        # Owner ports that callers on *this* loop are waiting on.
+        self._watched: set[Port] = set()
         self._watch_handle: asyncio.TimerHandle | None = None
         # The thread seen running this loop (for hang dumps; uvloop has no _thread_id).
         self.thread_id: int | None = None
@@ -230,7 +230,7 @@ class Port:
         that the owner is alive; that is how a caller notices an owner loop
         that was stopped without cancelling its tasks.
         """
-        self._watched[owner] = 0
+        self._watched.add(owner)
         if self._watch_handle is None:
             self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
 
@@ -239,7 +239,7 @@ class Port:
         watched = self._watched
         for owner in list(watched):
             if not owner.inflight or not owner.check_alive():
-                del watched[owner]
+                watched.discard(owner)
         if watched:
             self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
 

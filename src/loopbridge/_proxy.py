@@ -79,7 +79,7 @@ def _async_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             __lb_dispatch=_dispatch,
             __lb_what=what,
         )
-    except (TypeError, ValueError, SyntaxError):  # pragma: no cover - exotic signatures
+    except (TypeError, ValueError, SyntaxError):  # e.g. a decorator's (*args, **kwargs)
 
         def member(self: Any, *args: Any, **kwargs: Any) -> Any:
             own = self._lb_own

@@ -396,8 +396,7 @@ class RemoteStream(Generic[Y]):
                     ch.ack(self._taken)
                 return buf.popleft()  # type: ignore[no-any-return]
             ch.delivered(self._taken)
-            if ch.end:
-                self._settled()
+            if ch.end:  # the buffer is empty here: nothing left to drop
                 ch.raise_end()
             ch.ack(self._taken)  # buffer empty: give the producer its full window
             await self._park()
@@ -486,9 +485,6 @@ class RemoteStream(Generic[Y]):
             ch.owner.check_alive()  # type: ignore[union-attr]
         ch.consumer_parked = False
         ch.buf.clear()
-
-    def _settled(self) -> None:
-        self._ch.buf.clear()
 
     async def aclose(self) -> None:
         """Close the owner-side generator on the owner loop and wait for its cleanup."""
