@@ -367,7 +367,12 @@ def plan(envs: Sequence[Env], sizes: Sizes, groups: set[str]) -> list[Scenario]:
         lk = env.kind
 
         def add(
-            key: str, group: str, name: str, run: Callable[[], float], baseline: str | None = None, **params: Any
+            key: str,
+            group: str,
+            name: str,
+            run: Callable[[], float],
+            baseline: str | None = None,
+            **params: Any,
         ) -> str:
             full = f"{lk}/{group}/{key}"
             out.append(Scenario(full, group, lk, name, run, baseline, params))
@@ -377,25 +382,89 @@ def plan(envs: Sequence[Env], sizes: Sizes, groups: set[str]) -> list[Scenario]:
             for method in ("noop", "yield1"):
                 for c in sizes.concurrency:
                     n = sizes.calls
-                    base = add(f"{method}/c{c}/rct", "calls", "rct", _on(env, partial(calls_rct, env, method, c, n)), None, method=method, c=c)
-                    add(f"{method}/c{c}/loopbridge", "calls", "loopbridge", _on(env, partial(calls_loopbridge, env, method, c, n)), base, method=method, c=c)
-                    add(f"{method}/c{c}/loopbridge-eager", "calls", "loopbridge-eager", _on(env, partial(calls_loopbridge, env, method, c, n, True)), base, method=method, c=c)
+                    base = add(
+                        f"{method}/c{c}/rct",
+                        "calls",
+                        "rct",
+                        _on(env, partial(calls_rct, env, method, c, n)),
+                        None,
+                        method=method,
+                        c=c,
+                    )
+                    add(
+                        f"{method}/c{c}/loopbridge",
+                        "calls",
+                        "loopbridge",
+                        _on(env, partial(calls_loopbridge, env, method, c, n)),
+                        base,
+                        method=method,
+                        c=c,
+                    )
+                    add(
+                        f"{method}/c{c}/loopbridge-eager",
+                        "calls",
+                        "loopbridge-eager",
+                        _on(env, partial(calls_loopbridge, env, method, c, n, True)),
+                        base,
+                        method=method,
+                        c=c,
+                    )
                     if method == "noop":
-                        add(f"{method}/c{c}/floor", "calls", "floor", _on(env, partial(calls_floor, env, c, n)), base, method=method, c=c)
+                        add(
+                            f"{method}/c{c}/floor",
+                            "calls",
+                            "floor",
+                            _on(env, partial(calls_floor, env, c, n)),
+                            base,
+                            method=method,
+                            c=c,
+                        )
         if "blocking" in groups:
             n = sizes.blocking_calls
             base = add("rct", "blocking", "rct", partial(blocking_rct, env, n))
             add("loopbridge", "blocking", "loopbridge", partial(blocking_loopbridge, env, n), base)
-            add("loopbridge-eager", "blocking", "loopbridge-eager", partial(blocking_loopbridge, env, n, True), base)
+            add(
+                "loopbridge-eager",
+                "blocking",
+                "loopbridge-eager",
+                partial(blocking_loopbridge, env, n, True),
+                base,
+            )
             add("anyio", "blocking", "anyio-portal", partial(blocking_anyio, env, n), base)
         if "streams" in groups:
             qs, n = sizes.queue_size, sizes.stream_items
-            base = add("perhop", "streams", "perhop", _on(env, partial(stream_perhop, env, sizes.perhop_items)))
+            base = add(
+                "perhop",
+                "streams",
+                "perhop",
+                _on(env, partial(stream_perhop, env, sizes.perhop_items)),
+            )
             add("queue", "streams", "queue", _on(env, partial(stream_queue, env, n)), base)
-            add("janus", "streams", f"janus-{qs}", _on(env, partial(stream_janus, env, n, qs)), base, maxsize=qs)
-            add("culsans", "streams", f"culsans-{qs}", _on(env, partial(stream_culsans, env, n, qs)), base, maxsize=qs)
+            add(
+                "janus",
+                "streams",
+                f"janus-{qs}",
+                _on(env, partial(stream_janus, env, n, qs)),
+                base,
+                maxsize=qs,
+            )
+            add(
+                "culsans",
+                "streams",
+                f"culsans-{qs}",
+                _on(env, partial(stream_culsans, env, n, qs)),
+                base,
+                maxsize=qs,
+            )
             for w in sizes.windows:
-                add(f"w{w}", "streams", f"loopbridge-w{w}", _on(env, partial(stream_loopbridge, env, w, n)), base, window=w)
+                add(
+                    f"w{w}",
+                    "streams",
+                    f"loopbridge-w{w}",
+                    _on(env, partial(stream_loopbridge, env, w, n)),
+                    base,
+                    window=w,
+                )
         if "same-loop" in groups:
             n = sizes.same_loop_calls
             base = add("direct", "same-loop", "direct", _on(env, partial(same_loop_direct, env, n)))
@@ -440,7 +509,10 @@ def measure(
                 samples[s.key].append(value)
                 if wakes is not None and env is not None and before is not None:
                     wakes.setdefault(s.key, []).append(
-                        (env.wakes["owner"] - before["owner"], env.wakes["caller"] - before["caller"])
+                        (
+                            env.wakes["owner"] - before["owner"],
+                            env.wakes["caller"] - before["caller"],
+                        )
                     )
         progress(f"repetition {r + 1}/{total}{' (warm-up)' if r < warmup else ''} done")
     return samples
@@ -494,9 +566,15 @@ def summarize(
 def check_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for row in rows:
-        if row["name"] not in ("loopbridge", "loopbridge-eager", "proxy") and not row["name"].startswith("loopbridge-w"):
+        if row["name"] not in ("loopbridge", "loopbridge-eager", "proxy") and not row[
+            "name"
+        ].startswith("loopbridge-w"):
             continue
-        key = row["key"].split("/", 1)[1].rsplit("/", 1)[0] if row["group"] != "streams" else row["key"].split("/", 1)[1]
+        key = (
+            row["key"].split("/", 1)[1].rsplit("/", 1)[0]
+            if row["group"] != "streams"
+            else row["key"].split("/", 1)[1]
+        )
         if row["group"] in ("blocking", "same-loop"):
             key = row["group"]
         target = TARGETS.get(key)
@@ -507,7 +585,16 @@ def check_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         value = row[metric]
         what = key + (" (eager)" if row["name"] == "loopbridge-eager" else "")
-        out.append({"loop": row["loop"], "what": what, "metric": metric, "value": value, "target": limit, "met": value <= limit})
+        out.append(
+            {
+                "loop": row["loop"],
+                "what": what,
+                "metric": metric,
+                "value": value,
+                "target": limit,
+                "met": value <= limit,
+            }
+        )
     return out
 
 
@@ -521,35 +608,58 @@ def _cell(row: dict[str, Any] | None, ratio: bool = True) -> str:
     return text
 
 
-def markdown(rows: list[dict[str, Any]], targets: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+def markdown(
+    rows: list[dict[str, Any]], targets: list[dict[str, Any]], meta: dict[str, Any]
+) -> str:
     by = {r["key"]: r for r in rows}
     loops = sorted({r["loop"] for r in rows}, key=lambda k: (k != "asyncio", k))
     lines: list[str] = []
     reps = meta["reps"]
-    lines.append(f"Median µs per operation over {reps} repetitions (ratio: median of per-repetition ratios to the baseline).")
+    lines.append(
+        f"Median µs per operation over {reps} repetitions (ratio: median of per-repetition ratios to the baseline)."
+    )
     lines.append("")
     calls = [r for r in rows if r["group"] == "calls" and r["name"] == "rct"]
     if calls:
-        lines += ["### Loop-to-loop calls (ratio vs `wrap_future(run_coroutine_threadsafe(...))`)", ""]
-        lines += ["| loop | method | c | rct | floor | loopbridge | loopbridge `eager=True` |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "### Loop-to-loop calls (ratio vs `wrap_future(run_coroutine_threadsafe(...))`)",
+            "",
+        ]
+        lines += [
+            "| loop | method | c | rct | floor | loopbridge | loopbridge `eager=True` |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for lk in loops:
             for r in calls:
                 if r["loop"] != lk:
                     continue
                 pre = r["key"].rsplit("/", 1)[0]
-                lines.append(f"| {lk} | {r['method']} | {r['c']} | {_cell(r)} | {_cell(by.get(pre + '/floor'))} | {_cell(by.get(pre + '/loopbridge'))} | {_cell(by.get(pre + '/loopbridge-eager'))} |")
+                lines.append(
+                    f"| {lk} | {r['method']} | {r['c']} | {_cell(r)} | {_cell(by.get(pre + '/floor'))} | {_cell(by.get(pre + '/loopbridge'))} | {_cell(by.get(pre + '/loopbridge-eager'))} |"
+                )
         lines.append("")
     if any(r["group"] == "blocking" for r in rows):
-        lines += ["### Blocking calls from a plain thread (ratio vs `run_coroutine_threadsafe(...).result()`)", ""]
-        lines += ["| loop | rct `.result()` | loopbridge `blocking()` | `blocking()`, `eager=True` | anyio `BlockingPortal.call` |", "|---|---|---|---|---|"]
+        lines += [
+            "### Blocking calls from a plain thread (ratio vs `run_coroutine_threadsafe(...).result()`)",
+            "",
+        ]
+        lines += [
+            "| loop | rct `.result()` | loopbridge `blocking()` | `blocking()`, `eager=True` | anyio `BlockingPortal.call` |",
+            "|---|---|---|---|---|",
+        ]
         for lk in loops:
             if f"{lk}/blocking/rct" in by:
-                lines.append(f"| {lk} | {_cell(by[lk + '/blocking/rct'])} | {_cell(by[lk + '/blocking/loopbridge'])} | {_cell(by.get(lk + '/blocking/loopbridge-eager'))} | {_cell(by[lk + '/blocking/anyio'])} |")
+                lines.append(
+                    f"| {lk} | {_cell(by[lk + '/blocking/rct'])} | {_cell(by[lk + '/blocking/loopbridge'])} | {_cell(by.get(lk + '/blocking/loopbridge-eager'))} | {_cell(by[lk + '/blocking/anyio'])} |"
+                )
         lines.append("")
     srows = [r for r in rows if r["group"] == "streams"]
     if srows:
         names = list(dict.fromkeys(r["name"] for r in srows))
-        lines += ["### Streams, µs per item (ratio vs one `run_coroutine_threadsafe` hop per item)", ""]
+        lines += [
+            "### Streams, µs per item (ratio vs one `run_coroutine_threadsafe` hop per item)",
+            "",
+        ]
         lines += ["| loop | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for lk in loops:
             cells = []
@@ -560,25 +670,45 @@ def markdown(rows: list[dict[str, Any]], targets: list[dict[str, Any]], meta: di
         lines.append("")
     if any(r["group"] == "same-loop" for r in rows):
         lines += ["### Same-loop fast path (owner loop == running loop), no-op method", ""]
-        lines += ["| loop | direct `await` µs | through the proxy µs | added µs |", "|---|---|---|---|"]
+        lines += [
+            "| loop | direct `await` µs | through the proxy µs | added µs |",
+            "|---|---|---|---|",
+        ]
         for lk in loops:
             d, p = by.get(f"{lk}/same-loop/direct"), by.get(f"{lk}/same-loop/proxy")
             if d and p:
-                lines.append(f"| {lk} | {d['median_us']:.3f} | {p['median_us']:.3f} | {p['added_us']:+.3f} |")
+                lines.append(
+                    f"| {lk} | {d['median_us']:.3f} | {p['median_us']:.3f} | {p['added_us']:+.3f} |"
+                )
         lines.append("")
     woken = [r for r in rows if "owner_wakes_per_op" in r]
     if woken:
-        lines += ["### Wake-ups per operation (stock asyncio, `--count-wakes`; timings of that run carry the counting cost)", ""]
-        lines += ["| scenario | owner-loop wakes / op | caller-loop wakes / op | ops per owner wake |", "|---|---|---|---|"]
+        lines += [
+            "### Wake-ups per operation (stock asyncio, `--count-wakes`; timings of that run carry the counting cost)",
+            "",
+        ]
+        lines += [
+            "| scenario | owner-loop wakes / op | caller-loop wakes / op | ops per owner wake |",
+            "|---|---|---|---|",
+        ]
         for r in woken:
             ow = r["owner_wakes_per_op"]
-            lines.append(f"| {r['key']} | {ow:.3g} | {r['caller_wakes_per_op']:.3g} | {(1 / ow) if ow else float('inf'):.3g} |")
+            lines.append(
+                f"| {r['key']} | {ow:.3g} | {r['caller_wakes_per_op']:.3g} | {(1 / ow) if ow else float('inf'):.3g} |"
+            )
         lines.append("")
     if targets:
-        lines += ["### Targets", "", "| loop | case | measured | target | met |", "|---|---|---|---|---|"]
+        lines += [
+            "### Targets",
+            "",
+            "| loop | case | measured | target | met |",
+            "|---|---|---|---|---|",
+        ]
         for t in targets:
             unit = "x" if t["metric"] == "ratio" else " µs"
-            lines.append(f"| {t['loop']} | {t['what']} | {t['value']:.3g}{unit} | ≤ {t['target']}{unit} | {'yes' if t['met'] else '**no**'} |")
+            lines.append(
+                f"| {t['loop']} | {t['what']} | {t['value']:.3g}{unit} | ≤ {t['target']}{unit} | {'yes' if t['met'] else '**no**'} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -588,7 +718,9 @@ def _ints(text: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not vals or any(v < 1 for v in vals):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return vals
@@ -605,25 +737,89 @@ GROUPS = ("calls", "blocking", "streams", "same-loop")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="small sizes and 3 repetitions (< 1 min)")
     ap.add_argument("--reps", type=_positive, help="measured repetitions (default 7; quick 3)")
-    ap.add_argument("--warmup", type=int, default=1, help="discarded warm-up repetitions (default 1)")
-    ap.add_argument("--calls", type=_positive, help="calls per measurement (default 10000; quick 2000)")
-    ap.add_argument("--blocking-calls", type=_positive, help="blocking calls per measurement (default: --calls)")
-    ap.add_argument("--stream-items", type=_positive, help="items per stream (default 100000; quick 20000)")
-    ap.add_argument("--perhop-items", type=_positive, help="items for the one-hop-per-item baseline; its per-item cost does not depend on length (default 20000; quick 2000)")
-    ap.add_argument("--same-loop-calls", type=_positive, help="calls for the same-loop case (default 200000; quick 50000)")
-    ap.add_argument("--concurrency", type=_ints, default=[1, 16, 64], help="caller tasks, comma-separated (default 1,16,64)")
-    ap.add_argument("--windows", type=_ints, default=[16, 256, 4096], help="stream credit windows (default 16,256,4096)")
-    ap.add_argument("--queue-size", type=_positive, default=256, help="maxsize of the janus/culsans queues (default 256)")
-    ap.add_argument("--loops", default="asyncio,uvloop", help="loop kinds, comma-separated (default asyncio,uvloop)")
-    ap.add_argument("--only", default=",".join(GROUPS), help=f"groups to run, comma-separated (default {','.join(GROUPS)})")
-    ap.add_argument("--match", default=None, help="only scenarios whose key contains one of these comma-separated strings (for profiling; ratios need the baselines)")
-    ap.add_argument("--count-wakes", action="store_true", help="count self-pipe wake-ups per operation (stock asyncio; diagnostic, slows the run a little)")
-    ap.add_argument("--pin", nargs="?", const=-1, type=int, default=None, metavar="CPU", help="pin the process to one CPU (default: the first allowed)")
-    ap.add_argument("--json", type=Path, default=None, help="write results here (default: benchmarks/results/bench_bridge.json)")
-    ap.add_argument("--markdown", type=Path, default=None, help="also write the Markdown table here")
+    ap.add_argument(
+        "--warmup", type=int, default=1, help="discarded warm-up repetitions (default 1)"
+    )
+    ap.add_argument(
+        "--calls", type=_positive, help="calls per measurement (default 10000; quick 2000)"
+    )
+    ap.add_argument(
+        "--blocking-calls", type=_positive, help="blocking calls per measurement (default: --calls)"
+    )
+    ap.add_argument(
+        "--stream-items", type=_positive, help="items per stream (default 100000; quick 20000)"
+    )
+    ap.add_argument(
+        "--perhop-items",
+        type=_positive,
+        help="items for the one-hop-per-item baseline; its per-item cost does not depend on length (default 20000; quick 2000)",
+    )
+    ap.add_argument(
+        "--same-loop-calls",
+        type=_positive,
+        help="calls for the same-loop case (default 200000; quick 50000)",
+    )
+    ap.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=[1, 16, 64],
+        help="caller tasks, comma-separated (default 1,16,64)",
+    )
+    ap.add_argument(
+        "--windows",
+        type=_ints,
+        default=[16, 256, 4096],
+        help="stream credit windows (default 16,256,4096)",
+    )
+    ap.add_argument(
+        "--queue-size",
+        type=_positive,
+        default=256,
+        help="maxsize of the janus/culsans queues (default 256)",
+    )
+    ap.add_argument(
+        "--loops",
+        default="asyncio,uvloop",
+        help="loop kinds, comma-separated (default asyncio,uvloop)",
+    )
+    ap.add_argument(
+        "--only",
+        default=",".join(GROUPS),
+        help=f"groups to run, comma-separated (default {','.join(GROUPS)})",
+    )
+    ap.add_argument(
+        "--match",
+        default=None,
+        help="only scenarios whose key contains one of these comma-separated strings (for profiling; ratios need the baselines)",
+    )
+    ap.add_argument(
+        "--count-wakes",
+        action="store_true",
+        help="count self-pipe wake-ups per operation (stock asyncio; diagnostic, slows the run a little)",
+    )
+    ap.add_argument(
+        "--pin",
+        nargs="?",
+        const=-1,
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="pin the process to one CPU (default: the first allowed)",
+    )
+    ap.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="write results here (default: benchmarks/results/bench_bridge.json)",
+    )
+    ap.add_argument(
+        "--markdown", type=Path, default=None, help="also write the Markdown table here"
+    )
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args(argv)
     quick = args.quick
@@ -657,8 +853,19 @@ def pin_cpu(cpu: int) -> int:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     pinned = pin_cpu(args.pin) if args.pin is not None else None  # before any thread starts
-    log: Callable[[str], None] = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    sizes = Sizes(args.calls, args.blocking_calls, args.stream_items, args.perhop_items, args.same_loop_calls, args.concurrency, args.windows, args.queue_size)
+    log: Callable[[str], None] = (
+        (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    )
+    sizes = Sizes(
+        args.calls,
+        args.blocking_calls,
+        args.stream_items,
+        args.perhop_items,
+        args.same_loop_calls,
+        args.concurrency,
+        args.windows,
+        args.queue_size,
+    )
     envs = [Env(kind, args.windows, args.count_wakes) for kind in args.loops]
     wakes: dict[str, list[tuple[int, int]]] | None = {} if args.count_wakes else None
     try:
@@ -717,7 +924,6 @@ def _versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[name] = "?"
     return out
-
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.loop == "uvloop":
         import uvloop
+
         new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     else:
         new_loop = asyncio.new_event_loop
@@ -95,18 +96,27 @@ def main() -> None:
     ratios = sorted(b / a for a, b in zip(off, on))
     hand_offs = args.pairs * args.rounds
     result = {
-        "loop": args.loop, "pairs": args.pairs, "rounds": args.rounds, "reps": args.reps,
-        "off_median_s": statistics.median(off), "on_median_s": statistics.median(on),
+        "loop": args.loop,
+        "pairs": args.pairs,
+        "rounds": args.rounds,
+        "reps": args.reps,
+        "off_median_s": statistics.median(off),
+        "on_median_s": statistics.median(on),
         "median_ratio": statistics.median(ratios),
-        "ratio_min": ratios[0], "ratio_max": ratios[-1],
+        "ratio_min": ratios[0],
+        "ratio_max": ratios[-1],
         "off_us_per_round": statistics.median(off) / hand_offs * 1e6,
         "on_us_per_round": statistics.median(on) / hand_offs * 1e6,
     }
     print(f"{args.loop}: {hand_offs} ping-pong rounds, {args.reps} interleaved reps")
-    print(f"  off {result['off_median_s']:.3f} s ({result['off_us_per_round']:.1f} us/round)"
-          f"   on {result['on_median_s']:.3f} s ({result['on_us_per_round']:.1f} us/round)")
-    print(f"  slowdown: median ratio {result['median_ratio']:.2f}x "
-          f"(range {result['ratio_min']:.2f}-{result['ratio_max']:.2f})")
+    print(
+        f"  off {result['off_median_s']:.3f} s ({result['off_us_per_round']:.1f} us/round)"
+        f"   on {result['on_median_s']:.3f} s ({result['on_us_per_round']:.1f} us/round)"
+    )
+    print(
+        f"  slowdown: median ratio {result['median_ratio']:.2f}x "
+        f"(range {result['ratio_min']:.2f}-{result['ratio_max']:.2f})"
+    )
     print(json.dumps(result))
 
 

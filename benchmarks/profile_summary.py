@@ -27,7 +27,9 @@ def _short(frame: str) -> str:
     return f"{m['func']} ({Path(m['file']).name})"
 
 
-def parse(path: Path, exclude: tuple[str, ...] = ()) -> dict[str, tuple[Counter[str], Counter[str], int]]:
+def parse(
+    path: Path, exclude: tuple[str, ...] = ()
+) -> dict[str, tuple[Counter[str], Counter[str], int]]:
     """thread -> (self samples, inclusive samples, total samples).
 
     Stacks with a frame containing one of ``exclude`` are dropped (e.g. start-up:
@@ -74,8 +76,14 @@ def main() -> None:
     ap.add_argument("profile", type=Path, help="py-spy --format raw output")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--thread", default=None, help="only threads whose label contains this")
-    ap.add_argument("--exclude", default="", help="comma-separated: drop stacks with a frame containing any of these (e.g. _find_and_load,Stack.start)")
-    ap.add_argument("--min-share", type=float, default=0.02, help="skip threads with less of the samples")
+    ap.add_argument(
+        "--exclude",
+        default="",
+        help="comma-separated: drop stacks with a frame containing any of these (e.g. _find_and_load,Stack.start)",
+    )
+    ap.add_argument(
+        "--min-share", type=float, default=0.02, help="skip threads with less of the samples"
+    )
     args = ap.parse_args()
     data = parse(args.profile, tuple(x for x in args.exclude.split(",") if x))
     grand = sum(t for _, _, t in data.values()) or 1

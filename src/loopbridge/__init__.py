@@ -53,6 +53,6 @@ __all__ = [
 
 # LOOPBRIDGE_SANITIZE=raise|warn|log turns the sanitizer on for the whole process
 # (and its Python children); unset, nothing is patched.
-from . import _sanitizer as _san  # noqa: E402
+from . import _sanitizer as _san
 
 _san.install_from_env()

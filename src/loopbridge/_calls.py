@@ -26,10 +26,11 @@ import contextvars
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._diagnose import submission_site, tracing
+from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._errors import LoopAffinityError
 from ._metrics import Stats
 from ._ports import LIVENESS_INTERVAL, Port, get_running_loop, running_port
@@ -107,7 +108,7 @@ class Call:
         self.task: asyncio.Task[None] | None = None
         self.state = 0
         self.value: Any = None
-        self.cancel_requested: str | None | bool = False
+        self.cancel_requested: str | bool | None = False
         self.stats = stats
         self.t_submit = _perf()
         self.t_start = 0.0

@@ -9,8 +9,9 @@ wrapped method's own parameter list and forward each argument by name.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["Forwarding", "forwarding", "build"]
 

@@ -18,8 +18,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import IO, Any, Callable, Union
+from typing import IO, Any, Union
 
 from ._ports import Port, _ports, _registry_lock
 
@@ -200,7 +201,9 @@ def format_inflight(entries: list[dict[str, Any]] | None = None) -> str:
             if e.get("producer_parked"):
                 state += ", producer waits for the consumer (window full)"
         lines.append(state)
-        lines.append(f"  submitted at {e['submitted_at'] or '? (record_submission_sites() was off)'}")
+        lines.append(
+            f"  submitted at {e['submitted_at'] or '? (record_submission_sites() was off)'}"
+        )
         for i, where in enumerate(e["owner_at"]):
             lines.append(f"  {'owner side at' if i == 0 else '          then'} {where}")
         if e.get("owner_thread_at"):

@@ -299,7 +299,10 @@ class _Data:
         # then seen as still in flight, never as a negative count.
         c, s = t.calls, t.streams
         c["ok"], c["errors"] = _value(self.c_ok), _value(self.c_errors)
-        c["cancelled"], c["caller_cancels"] = _value(self.c_cancelled), _value(self.c_caller_cancels)
+        c["cancelled"], c["caller_cancels"] = (
+            _value(self.c_cancelled),
+            _value(self.c_caller_cancels),
+        )
         s["completed"], s["errors"] = _value(self.s_completed), _value(self.s_errors)
         s["cancelled"], s["consumer_closes"] = _value(self.s_cancelled), _value(self.s_closes)
         c["submitted"], s["opened"] = _value(self.c_submitted), _value(self.s_opened)

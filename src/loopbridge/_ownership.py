@@ -18,8 +18,8 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Iterable
-from typing import Any, Callable, TypeVar, overload
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, overload
 
 from ._codegen import build
 from ._errors import LoopAffinityError, OwnerLoopClosed
@@ -289,7 +289,9 @@ def loop_affine(
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             if ownership_of(self) is None:
                 s, t = _class_spec(type(self))
-                _attach(self, Ownership(get_running_loop(), s, t, f"{type(self).__qualname__} object"))
+                _attach(
+                    self, Ownership(get_running_loop(), s, t, f"{type(self).__qualname__} object")
+                )
             original_init(self, *args, **kwargs)
 
         klass.__init__ = __init__  # type: ignore[misc]

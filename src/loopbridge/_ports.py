@@ -32,7 +32,8 @@ import itertools
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ._errors import OwnerLoopClosed
 

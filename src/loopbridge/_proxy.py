@@ -11,7 +11,8 @@ generated classes are cached per (class, declarations).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Generic, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
 
 from ._calls import call_from_loop, call_from_thread, call_from_trio
 from ._codegen import build
@@ -123,9 +124,7 @@ async def _dispatch(
         return await call_from_loop(loop, fn, args, kwargs, what, own, stats, grace, self._lb_eager)
     if current_library() == "trio":
         return await call_from_trio(fn, args, kwargs, what, own, stats, grace, self._lb_eager)
-    raise LoopAffinityError(
-        f"awaiting {what} through a proxy needs a running asyncio loop or trio"
-    )
+    raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 
 def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -375,9 +374,7 @@ class Blocking(Generic[T]):
             what = f"{fn.__qualname__}()"
 
             def call(*args: Any, **kwargs: Any) -> Any:
-                return call_from_thread(
-                    fn, (target, *args), kwargs, what, own, stats, grace, eager
-                )
+                return call_from_thread(fn, (target, *args), kwargs, what, own, stats, grace, eager)
 
             member = call
         elif fn is not None and kind == "stream":
@@ -399,8 +396,6 @@ class Blocking(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<loopbridge blocking face of {object.__getattribute__(self, '_lb_proxy')!r}>"
-
-
 
 
 def blocking(p: T) -> Blocking[T]:

@@ -29,7 +29,8 @@ import contextvars
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 from ._calls import _thread_name, annotate
 from ._diagnose import submission_site, tracing
@@ -115,7 +116,7 @@ class Channel:
         # asyncio future or trio event the consumer parks on (consumer thread only)
         self.consumer_waiter: Any = None
         self.pump: asyncio.Task[None] | None = None
-        self.closing: str | None | bool = False
+        self.closing: str | bool | None = False
         self.stats = stats
         self.t_submit = _perf()
         self.t_start = 0.0
@@ -503,7 +504,11 @@ class RemoteStream(Generic[Y]):
 
     async def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> Y:
         await self.aclose()
-        exc = typ if isinstance(typ, BaseException) else (typ(val) if val is None or not isinstance(val, BaseException) else val)
+        exc = (
+            typ
+            if isinstance(typ, BaseException)
+            else (typ(val) if val is None or not isinstance(val, BaseException) else val)
+        )
         raise exc
 
     def __del__(self) -> None:

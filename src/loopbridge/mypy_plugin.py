@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mypy.checker import TypeChecker
 from mypy.checkmember import analyze_member_access

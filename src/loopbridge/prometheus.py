@@ -33,7 +33,10 @@ __all__ = ["LoopbridgeCollector"]
 
 
 def _buckets(hist: Histogram) -> list[tuple[str, float]]:
-    out = [(repr(bound) if bound != float("inf") else "+Inf", float(n)) for bound, n in hist.cumulative()]
+    out = [
+        (repr(bound) if bound != float("inf") else "+Inf", float(n))
+        for bound, n in hist.cumulative()
+    ]
     return out
 
 
@@ -45,7 +48,9 @@ class LoopbridgeCollector:
 
     def __init__(self, namespace: str = "loopbridge") -> None:
         if not namespace.replace("_", "").isalnum():
-            raise ValueError(f"namespace must be letters, digits and underscores, not {namespace!r}")
+            raise ValueError(
+                f"namespace must be letters, digits and underscores, not {namespace!r}"
+            )
         self.namespace = namespace
 
     def describe(self) -> Iterable[Metric]:
@@ -75,9 +80,13 @@ class LoopbridgeCollector:
         in_flight = GaugeMetricFamily(
             f"{ns}_calls_in_flight", "Cross-loop calls submitted and not ended.", labels=["object"]
         )
-        streams = CounterMetricFamily(f"{ns}_streams", "Cross-loop streams opened.", labels=["object"])
+        streams = CounterMetricFamily(
+            f"{ns}_streams", "Cross-loop streams opened.", labels=["object"]
+        )
         streams_ended = CounterMetricFamily(
-            f"{ns}_streams_ended", "Cross-loop streams ended, by outcome.", labels=["object", "outcome"]
+            f"{ns}_streams_ended",
+            "Cross-loop streams ended, by outcome.",
+            labels=["object", "outcome"],
         )
         streams_open = GaugeMetricFamily(
             f"{ns}_streams_open", "Cross-loop streams opened and not ended.", labels=["object"]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, cast
 import pytest
 
 if TYPE_CHECKING:
-    from ._sanitizer import Policy, sanitize
+    from ._sanitizer import Policy
 
 _POLICIES = ("raise", "warn", "log", "off")
 _SESSION = pytest.StashKey["sanitize"]()
@@ -33,20 +33,25 @@ _POLICY = pytest.StashKey["Policy"]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("loopbridge")
     group.addoption(
-        "--loopbridge-sanitize", dest="loopbridge_sanitize", default=None,
-        choices=_POLICIES, metavar="POLICY",
+        "--loopbridge-sanitize",
+        dest="loopbridge_sanitize",
+        default=None,
+        choices=_POLICIES,
+        metavar="POLICY",
         help="run every test under the loopbridge affinity sanitizer: "
-             "raise, warn, log or off (default: the loopbridge_sanitize ini option)")
+        "raise, warn, log or off (default: the loopbridge_sanitize ini option)",
+    )
     parser.addini(
-        "loopbridge_sanitize", default="off",
-        help="loopbridge affinity sanitizer policy for every test: raise, warn, log or off")
+        "loopbridge_sanitize",
+        default="off",
+        help="loopbridge affinity sanitizer policy for every test: raise, warn, log or off",
+    )
 
 
 def _policy(value: object, where: str) -> Policy:
     text = str(value).strip().lower()
     if text not in _POLICIES:
-        raise pytest.UsageError(
-            f"{where}: expected one of {', '.join(_POLICIES)}, got {value!r}")
+        raise pytest.UsageError(f"{where}: expected one of {', '.join(_POLICIES)}, got {value!r}")
     return cast("Policy", text)
 
 
@@ -54,13 +59,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "loopbridge_sanitize(policy='raise'): run this test under the loopbridge "
-        "affinity sanitizer (policy raise, warn, log, or off to exempt it)")
+        "affinity sanitizer (policy raise, warn, log, or off to exempt it)",
+    )
     option = config.getoption("loopbridge_sanitize")
-    policy = _policy(option, "--loopbridge-sanitize") if option is not None else \
-        _policy(config.getini("loopbridge_sanitize"), "ini option loopbridge_sanitize")
+    policy = (
+        _policy(option, "--loopbridge-sanitize")
+        if option is not None
+        else _policy(config.getini("loopbridge_sanitize"), "ini option loopbridge_sanitize")
+    )
     config.stash[_POLICY] = policy
     if policy != "off":
         from ._sanitizer import sanitize
+
         block = sanitize(policy)
         block.__enter__()
         config.stash[_SESSION] = block
@@ -85,6 +95,7 @@ def _loopbridge_sanitizer(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     from ._sanitizer import sanitize
+
     with sanitize(policy) as block:
         yield
     if policy == "raise" and block.reports:
@@ -92,5 +103,7 @@ def _loopbridge_sanitizer(request: pytest.FixtureRequest) -> Iterator[None]:
         more = len(block.reports) - 1
         pytest.fail(
             f"loopbridge sanitizer found {len(block.reports)} misuse(s) in this test"
-            + (f" (first shown, {more} more)" if more else "") + f":\n{first}",
-            pytrace=False)
+            + (f" (first shown, {more} more)" if more else "")
+            + f":\n{first}",
+            pytrace=False,
+        )

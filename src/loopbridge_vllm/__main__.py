@@ -71,7 +71,6 @@ def serve(argv: Sequence[str]) -> int:
         ]
 
     from loopbridge import LoopThread
-
     from loopbridge_vllm.server import _make_parser, start_openai_server
 
     ns = _make_parser().parse_args(["--model", opts.model, *vllm_argv])

@@ -66,10 +66,7 @@ class _StandInWorker:
             head_size=int(hf.hidden_size) // heads,
             dtype=torch.float32,
         )
-        return {
-            f"model.layers.{i}.self_attn.attn": spec
-            for i in range(int(hf.num_hidden_layers))
-        }
+        return {f"model.layers.{i}.self_attn.attn": spec for i in range(int(hf.num_hidden_layers))}
 
     def get_supported_kv_cache_layouts(self) -> list[str]:
         return ["LBNHC"]
@@ -214,7 +211,7 @@ class StandInExecutor(Executor):
 
     def execute_model(  # type: ignore[override]
         self, scheduler_output: SchedulerOutput, non_block: bool = False
-    ) -> ModelRunnerOutput | None | Future[ModelRunnerOutput | None]:
+    ) -> ModelRunnerOutput | Future[ModelRunnerOutput | None] | None:
         self.worker.execute_model(scheduler_output)
         if non_block:
             done: Future[ModelRunnerOutput | None] = Future()

@@ -175,8 +175,10 @@ def cpu_engine_env(cache_root: str | os.PathLike[str] | None = None) -> dict[str
     }
     os.environ.update(env)
     if "VLLM_CACHE_ROOT" not in os.environ:
-        root = Path(cache_root) if cache_root is not None else Path(
-            tempfile.mkdtemp(prefix="loopbridge-vllm-cache-")
+        root = (
+            Path(cache_root)
+            if cache_root is not None
+            else Path(tempfile.mkdtemp(prefix="loopbridge-vllm-cache-"))
         )
         root.mkdir(parents=True, exist_ok=True)
         os.environ["VLLM_CACHE_ROOT"] = str(root)

@@ -291,7 +291,9 @@ def _declarations(
     if missing:
         raise UnclassifiedMemberError(missing)
     stable = frozenset(
-        name for name, (_, rule) in table.items() if rule is not None and rule.policy is Policy.STABLE
+        name
+        for name, (_, rule) in table.items()
+        if rule is not None and rule.policy is Policy.STABLE
     )
     threadsafe = frozenset(
         name

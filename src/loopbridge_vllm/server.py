@@ -270,7 +270,9 @@ class OpenAIServer:
 
             _shutdown(engine)
 
-    async def aclose(self, timeout: float | None = None, *, shutdown_engine: bool | None = None) -> None:
+    async def aclose(
+        self, timeout: float | None = None, *, shutdown_engine: bool | None = None
+    ) -> None:
         """:meth:`stop` for async callers (the owner loop stays free meanwhile)."""
         await asyncio.to_thread(self.stop, timeout, shutdown_engine=shutdown_engine)
 
@@ -440,7 +442,9 @@ def _prepare(
 ) -> OpenAIServer:
     from loopbridge_vllm.engine import engine_client_proxy, is_engine_client_proxy
 
-    client = engine if is_engine_client_proxy(engine) else engine_client_proxy(engine, **proxy_options)
+    client = (
+        engine if is_engine_client_proxy(engine) else engine_client_proxy(engine, **proxy_options)
+    )
     owner = owner_loop(client)
     if owner is None:
         raise LoopAffinityError(

@@ -24,10 +24,32 @@ def test_bench_bridge_tiny_run(tmp_path: Path) -> None:
     out = tmp_path / "bridge.json"
     md = tmp_path / "bridge.md"
     cmd = [
-        sys.executable, str(BENCH_BRIDGE), "--reps", "2", "--warmup", "1", "--calls", "64",
-        "--stream-items", "600", "--perhop-items", "50", "--same-loop-calls", "500",
-        "--concurrency", "1,8", "--windows", "4,64", "--queue-size", "8", "--pin",
-        "--json", str(out), "--markdown", str(md), "--quiet",
+        sys.executable,
+        str(BENCH_BRIDGE),
+        "--reps",
+        "2",
+        "--warmup",
+        "1",
+        "--calls",
+        "64",
+        "--stream-items",
+        "600",
+        "--perhop-items",
+        "50",
+        "--same-loop-calls",
+        "500",
+        "--concurrency",
+        "1,8",
+        "--windows",
+        "4,64",
+        "--queue-size",
+        "8",
+        "--pin",
+        "--json",
+        str(out),
+        "--markdown",
+        str(md),
+        "--quiet",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -62,7 +84,10 @@ def test_bench_bridge_tiny_run(tmp_path: Path) -> None:
 def test_bench_bridge_rejects_bad_sizes() -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCH_BRIDGE), "--concurrency", "0"],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     assert proc.returncode == 2 and "positive integers" in proc.stderr
 
@@ -70,19 +95,53 @@ def test_bench_bridge_rejects_bad_sizes() -> None:
 @pytest.mark.vllm
 def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     out = tmp_path / "latency"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
     cmd = [
-        sys.executable, "-m", "loopbridge_vllm.bench", "--requests", "4", "--concurrency", "2",
-        "--rounds", "1", "--warmup-rounds", "0", "--prompt-len", "8", "--output-len", "4",
-        "--step-ms", "1", "--busy", "both", "--busy-slice-ms", "1", "--busy-period-ms", "5",
-        "--refit-every-s", "0.2", "--refit-pause-ms", "10", "--timeout", "30",
-        "--cache-dir", str(REPO / ".cache"), "--out", str(out), "--no-progress",
+        sys.executable,
+        "-m",
+        "loopbridge_vllm.bench",
+        "--requests",
+        "4",
+        "--concurrency",
+        "2",
+        "--rounds",
+        "1",
+        "--warmup-rounds",
+        "0",
+        "--prompt-len",
+        "8",
+        "--output-len",
+        "4",
+        "--step-ms",
+        "1",
+        "--busy",
+        "both",
+        "--busy-slice-ms",
+        "1",
+        "--busy-period-ms",
+        "5",
+        "--refit-every-s",
+        "0.2",
+        "--refit-pause-ms",
+        "10",
+        "--timeout",
+        "30",
+        "--cache-dir",
+        str(REPO / ".cache"),
+        "--out",
+        str(out),
+        "--no-progress",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((out / "latency.json").read_text())
     rows = {(r["scenario"], r["mode"]): r for r in result["rows"]}
-    assert set(rows) == {(s, m) for s in ("c2", "c2-busy") for m in ("unsafe", "per-hop", "loopbridge")}
+    assert set(rows) == {
+        (s, m) for s in ("c2", "c2-busy") for m in ("unsafe", "per-hop", "loopbridge")
+    }
     for (scenario, mode), row in rows.items():
         assert row["requests"] == 4
         if mode != "unsafe":  # the unsafe mode may legitimately lose requests
@@ -126,10 +185,27 @@ def test_percentile_and_summary() -> None:
 
     def rec(mode: str, e2e: float, warmup: bool = False) -> dict[str, object]:
         samples = [{"start": 0.0, "ttft": e2e / 2, "e2e": e2e, "tokens": 4, "error": None}] * 10
-        return {"round": 0, "warmup": warmup, "concurrency": 2, "busy": False, "mode": mode,
-                "wall_s": 1.0, "ok": 10, "tokens": 40, "engine_died": False, "samples": samples}
+        return {
+            "round": 0,
+            "warmup": warmup,
+            "concurrency": 2,
+            "busy": False,
+            "mode": mode,
+            "wall_s": 1.0,
+            "ok": 10,
+            "tokens": 40,
+            "engine_died": False,
+            "samples": samples,
+        }
 
-    rows = summarize([rec("unsafe", 1.0), rec("per-hop", 2.0), rec("loopbridge", 1.0), rec("loopbridge", 9.0, warmup=True)])
+    rows = summarize(
+        [
+            rec("unsafe", 1.0),
+            rec("per-hop", 2.0),
+            rec("loopbridge", 1.0),
+            rec("loopbridge", 9.0, warmup=True),
+        ]
+    )
     lb = next(r for r in rows if r["mode"] == "loopbridge")
     assert lb["requests"] == 10  # the warm-up round is left out
     assert lb["p99_vs_unsafe"] == 1.0 and lb["p99_vs_perhop"] == 0.5

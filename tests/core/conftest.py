@@ -107,6 +107,7 @@ def no_leaked_threads() -> Iterator[None]:
 
 def tasks_on(loop: asyncio.AbstractEventLoop) -> set[asyncio.Task[Any]]:
     """Pending tasks on a loop other than loopbridge's own keeper."""
+
     async def collect() -> set[asyncio.Task[Any]]:
         me = asyncio.current_task()
         return {

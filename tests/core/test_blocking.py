@@ -74,6 +74,7 @@ def test_loop_thread_run_and_errors() -> None:
     with pytest.raises(lb.LoopAffinityError):
         t.loop
     with t:
+
         async def add(a: int, b: int) -> int:
             return a + b
 

@@ -161,9 +161,12 @@ def test_owner_side_cancel_reaches_the_caller_as_cancelled_error(
     async def main() -> None:
         task = asyncio.create_task(p.sleep(30))
         await asyncio.sleep(0.05)
-        assert await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(cancel_owner_tasks(), owner.loop)
-        ) == 1
+        assert (
+            await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(cancel_owner_tasks(), owner.loop)
+            )
+            == 1
+        )
         with pytest.raises(asyncio.CancelledError):
             await task
 
@@ -337,7 +340,9 @@ def test_is_proxy_and_unwrap(engine: Engine) -> None:
     assert lb.unwrap(engine) is engine
 
 
-def test_eager_calls_keep_results_errors_and_cancellation(owner: lb.LoopThread, engine: Engine) -> None:
+def test_eager_calls_keep_results_errors_and_cancellation(
+    owner: lb.LoopThread, engine: Engine
+) -> None:
     p = lb.proxy(engine, eager=True)
 
     async def main() -> None:
@@ -358,7 +363,9 @@ def test_eager_calls_keep_results_errors_and_cancellation(owner: lb.LoopThread, 
     assert not tasks_on(owner.loop)
 
 
-def test_members_wrapped_by_decorators_keep_their_real_signature(asyncio_owner: lb.LoopThread) -> None:
+def test_members_wrapped_by_decorators_keep_their_real_signature(
+    asyncio_owner: lb.LoopThread,
+) -> None:
     import functools
 
     def injects_retries(fn: Any) -> Any:

@@ -154,7 +154,9 @@ def test_direct_use_fails_and_proxy_passes(overlap_hook: list[str]) -> None:
         overlap_hook.clear()
         engine = owner.run(make)
         p = lb.proxy(engine)
-        outcomes = _run_foreign_loops(lambda k, i: p.request(k * 1000 + i), per_loop=400, timeout=30)
+        outcomes = _run_foreign_loops(
+            lambda k, i: p.request(k * 1000 + i), per_loop=400, timeout=30
+        )
         assert len(outcomes) == LOOPS * 400
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         assert not errors, errors[:3]

@@ -43,7 +43,9 @@ def test_many_loops_and_threads_at_once(owner: lb.LoopThread, engine: Engine) ->
             jobs: list[Any] = []
             for i in range(150):
                 r = rng.random()
-                jobs.append(call(i) if r < 0.7 else stream(rng.randint(0, 60)) if r < 0.9 else cancelled())
+                jobs.append(
+                    call(i) if r < 0.7 else stream(rng.randint(0, 60)) if r < 0.9 else cancelled()
+                )
             await asyncio.gather(*jobs)
 
         try:

@@ -20,7 +20,9 @@ async def test_calls_and_streams_from_the_test_loop(owner: lb.LoopThread, engine
 
 
 @pytest.mark.asyncio
-async def test_timeout_on_the_caller_cancels_the_owner(owner: lb.LoopThread, engine: Engine) -> None:
+async def test_timeout_on_the_caller_cancels_the_owner(
+    owner: lb.LoopThread, engine: Engine
+) -> None:
     p = lb.proxy(engine)
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(p.sleep(30), 0.05)

@@ -121,12 +121,14 @@ def test_e_filter_clean(bounds: dict[str, Any], record_property: Any) -> None:
     """No deadlock, hang, lost request or failed utility within the bounds.
     ``when="any"`` lets every request be sent before, during or after the pause."""
     res = run("e", record_property, prompt_first_req=True, **bounds)
-    assert res.ok, "\n".join(f"{k}: {v.detail}\n{v.timeline(bounds['ranks'])}"
-                             for k, v in res.violations.items())
+    assert res.ok, "\n".join(
+        f"{k}: {v.detail}\n{v.timeline(bounds['ranks'])}" for k, v in res.violations.items()
+    )
 
 
-@pytest.mark.parametrize("bounds", [dict(ranks=2), dict(ranks=2, resumes=2)],
-                         ids=["one-resume", "duplicate-resume"])
+@pytest.mark.parametrize(
+    "bounds", [dict(ranks=2), dict(ranks=2, resumes=2)], ids=["one-resume", "duplicate-resume"]
+)
 def test_same_bounds_fail_without_the_filter(bounds: dict[str, Any], record_property: Any) -> None:
     """The scenarios above are not vacuous: unfiltered 0.32.0 fails them."""
     assert not run("c", record_property, prompt_first_req=True, **bounds).ok

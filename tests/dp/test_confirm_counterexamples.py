@@ -85,8 +85,9 @@ def replay_rank(v: Violation, i: int, size: int, req_len: int) -> tuple[str, Rea
         feed()
         return peers
 
-    def all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None,
-                   async_op: bool = False) -> None:
+    def all_reduce(
+        tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False
+    ) -> None:
         if op == torch.distributed.ReduceOp.MAX:
             for p in collective("barrier"):
                 tensor[0] = max(int(tensor[0]), int(p.unfinished))
@@ -111,8 +112,10 @@ def replay_rank(v: Violation, i: int, size: int, req_len: int) -> tuple[str, Rea
 
     e.model_executor.collective_rpc = rpc
     feed()
-    with mock.patch.object(torch.distributed, "all_reduce", all_reduce), \
-            mock.patch.object(e, "_handle_shutdown", lambda: True, create=True):
+    with (
+        mock.patch.object(torch.distributed, "all_reduce", all_reduce),
+        mock.patch.object(e, "_handle_shutdown", lambda: True, create=True),
+    ):
         try:
             e.run_busy_loop()
         except Stuck as s:
@@ -136,8 +139,9 @@ C032 = [
     pytest.param(dict(prompt_first_req=True), "hang", id="resume-window-wave-start-lost"),
     pytest.param(dict(prompt_first_req=True, resumes=2), "deadlock", id="duplicate-resume"),
     pytest.param(dict(pauses=0, requests=2), "hang", id="no-pause-starved-stats-task"),
-    pytest.param(dict(pauses=0, aborts=1, prompt_first_req=True), "hang",
-                 id="no-pause-abort-before-step"),
+    pytest.param(
+        dict(pauses=0, aborts=1, prompt_first_req=True), "hang", id="no-pause-abort-before-step"
+    ),
     pytest.param(dict(), "hang", id="default-bounds"),
 ]
 

@@ -101,8 +101,9 @@ class StubGroup:
         return self._size
 
 
-def fake_all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None,
-                    async_op: bool = False) -> None:
+def fake_all_reduce(
+    tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False
+) -> None:
     assert isinstance(group, StubGroup)
     kind = "max" if op == torch.distributed.ReduceOp.MAX else "sum"
     group.calls.append((tensor.tolist(), kind))
@@ -143,7 +144,8 @@ class RealRank:
         e.async_scheduling = False
         e.enable_fault_tolerance = False
         e.vllm_config = SimpleNamespace(
-            observability_config=SimpleNamespace(enable_logging_iteration_details=False))
+            observability_config=SimpleNamespace(enable_logging_iteration_details=False)
+        )
         self.forwards: list[str] = []
         self.finished: list[str] = []
         e.model_executor = SimpleNamespace(
@@ -181,23 +183,31 @@ class RealRank:
 
 def to_real(msg: m.InMsg) -> tuple[Any, Any]:
     if isinstance(msg, m.Add):
-        req = SimpleNamespace(request_id=str(msg.req), pooling_params=None,
-                              kv_transfer_params=None, ec_transfer_params=None,
-                              abort_immediately=False, client_index=0)
+        req = SimpleNamespace(
+            request_id=str(msg.req),
+            pooling_params=None,
+            kv_transfer_params=None,
+            ec_transfer_params=None,
+            abort_immediately=False,
+            client_index=0,
+        )
         return T.ADD, (req, msg.wave)
     if isinstance(msg, m.Abort):
         return T.ABORT, [str(msg.req)]
     if isinstance(msg, m.StartDPWave):
         return T.START_DP_WAVE, (msg.wave, msg.exclude)
-    method = {"pause": "pause_scheduler", "resume": "resume_scheduler",
-              "rpc": "collective_rpc"}[msg.method]
-    args: tuple[Any, ...] = {"pause": (msg.mode, False), "resume": (),
-                             "rpc": ("update_weights",)}[msg.method]
+    method = {"pause": "pause_scheduler", "resume": "resume_scheduler", "rpc": "collective_rpc"}[
+        msg.method
+    ]
+    args: tuple[Any, ...] = {"pause": (msg.mode, False), "resume": (), "rpc": ("update_weights",)}[
+        msg.method
+    ]
     return T.UTILITY, (0, msg.op, method, args)
 
 
-def model_iteration(v: m.Variant, idx: int, r: m.Rank, msgs: list[m.InMsg],
-                    peers: list[list[list[int]]]) -> tuple[m.Rank, m.Effects, list[str]]:
+def model_iteration(
+    v: m.Variant, idx: int, r: m.Rank, msgs: list[m.InMsg], peers: list[list[list[int]]]
+) -> tuple[m.Rank, m.Effects, list[str]]:
     """The model's rank doing what one real iteration does, peers as given."""
     eff = m.NO_EFFECTS
     collectives: list[str] = []
@@ -253,10 +263,13 @@ def model_iteration(v: m.Variant, idx: int, r: m.Rank, msgs: list[m.InMsg],
 def project_real(rr: RealRank) -> dict[str, Any]:
     e = rr.e
     return dict(
-        running=e.engines_running, wave=e.current_wave,
+        running=e.engines_running,
+        wave=e.current_wave,
         step=m._canon_step(e.step_counter, INTERVAL),
-        pause=int(e.scheduler.pause_state), pending=e.pending_pause,
-        ignore=e.ignore_start_dp_wave, callbacks=len(e._idle_state_callbacks),
+        pause=int(e.scheduler.pause_state),
+        pending=e.pending_pause,
+        ignore=e.ignore_start_dp_wave,
+        callbacks=len(e._idle_state_callbacks),
         reqs=sorted((int(k), v[0], v[1]) for k, v in e.scheduler.reqs.items()),
         held=len(e.__dict__.get("_loopbridge_held", [])),
     )
@@ -264,9 +277,15 @@ def project_real(rr: RealRank) -> dict[str, Any]:
 
 def project_model(r: m.Rank) -> dict[str, Any]:
     return dict(
-        running=r.running, wave=r.wave, step=r.step, pause=int(r.pause),
-        pending=r.pending_pause, ignore=r.ignore_wave, callbacks=len(r.callbacks),
-        reqs=sorted((q.id, q.remaining, q.started) for q in r.reqs), held=len(r.held),
+        running=r.running,
+        wave=r.wave,
+        step=r.step,
+        pause=int(r.pause),
+        pending=r.pending_pause,
+        ignore=r.ignore_wave,
+        callbacks=len(r.callbacks),
+        reqs=sorted((q.id, q.remaining, q.started) for q in r.reqs),
+        held=len(r.held),
     )
 
 
@@ -285,17 +304,22 @@ def real_effects(rr: RealRank, outs: list[tuple[int, Any]]) -> dict[str, Any]:
             aborted += [int(x) for x in o.finished_requests]
     finished = [int(x) for x in rr.finished]
     rr.finished.clear()
-    return dict(to_coord=to_coord, replies=sorted(replies), aborted=sorted(aborted),
-                finished=sorted(finished))
+    return dict(
+        to_coord=to_coord,
+        replies=sorted(replies),
+        aborted=sorted(aborted),
+        finished=sorted(finished),
+    )
 
 
 def model_effects(eff: m.Effects) -> dict[str, Any]:
-    to_coord = [("wave_complete" if isinstance(x, m.WaveComplete) else "start_wave", x.wave)
-                for x in eff.to_coord]
+    to_coord = [
+        ("wave_complete" if isinstance(x, m.WaveComplete) else "start_wave", x.wave)
+        for x in eff.to_coord
+    ]
     aborted = sorted(q for q, s in eff.req_done if s == m.ABORTED)
     finished = sorted(q for q, s in eff.req_done if s == m.FINISHED)
-    return dict(to_coord=to_coord, replies=sorted(eff.replies), aborted=aborted,
-                finished=finished)
+    return dict(to_coord=to_coord, replies=sorted(eff.replies), aborted=aborted, finished=finished)
 
 
 # --- strategies ---------------------------------------------------------------
@@ -309,21 +333,32 @@ def messages(size: int) -> st.SearchStrategy[m.InMsg]:
         st.builds(m.Add, reqs, waves),
         st.builds(m.Abort, reqs),
         st.builds(m.StartDPWave, waves, st.one_of(st.none(), st.integers(0, size - 1))),
-        st.builds(lambda mode: m.Utility(0, "pause", mode), st.sampled_from(["keep", "abort", "wait"])),
+        st.builds(
+            lambda mode: m.Utility(0, "pause", mode), st.sampled_from(["keep", "abort", "wait"])
+        ),
         st.just(m.Utility(0, "resume")),
         st.just(m.Utility(0, "rpc")),
     )
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[int, int, list[tuple[list[m.InMsg], list[list[list[int]]]]]]:
+def scenarios(
+    draw: st.DrawFn,
+) -> tuple[int, int, list[tuple[list[m.InMsg], list[list[list[int]]]]]]:
     size = draw(st.sampled_from([2, 3]))
     idx = draw(st.integers(0, size - 1))
-    peer = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1)).map(list),
-                    min_size=size - 1, max_size=size - 1)
-    events = draw(st.lists(
-        st.tuples(st.lists(messages(size), max_size=3), st.lists(peer, min_size=3, max_size=3)),
-        min_size=1, max_size=14))
+    peer = st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 1)).map(list),
+        min_size=size - 1,
+        max_size=size - 1,
+    )
+    events = draw(
+        st.lists(
+            st.tuples(st.lists(messages(size), max_size=3), st.lists(peer, min_size=3, max_size=3)),
+            min_size=1,
+            max_size=14,
+        )
+    )
     return size, idx, events
 
 
@@ -333,8 +368,9 @@ def patched_collectives() -> Iterator[None]:
         yield
 
 
-def replay(variant: str, size: int, idx: int,
-           events: list[tuple[list[m.InMsg], list[list[list[int]]]]]) -> None:
+def replay(
+    variant: str, size: int, idx: int, events: list[tuple[list[m.InMsg], list[list[list[int]]]]]
+) -> None:
     v = m.VARIANTS[variant]
     rr = RealRank(idx, size)
     r = m.Rank()
@@ -363,8 +399,9 @@ def replay(variant: str, size: int, idx: int,
                 continue  # rank-local, part of completing a pause
             real_coll.append(f)
         for values, kind in calls:
-            real_coll.append(f"barrier:{values[0]}" if kind == "max"
-                             else f"sync:{values[0]}{values[1]}")
+            real_coll.append(
+                f"barrier:{values[0]}" if kind == "max" else f"sync:{values[0]}{values[1]}"
+            )
         ctx = f"step {step}: {numbered}"
         assert project_real(rr) == project_model(r), ctx
         assert real_effects(rr, rr.outputs()) == model_effects(eff), ctx
@@ -372,8 +409,7 @@ def replay(variant: str, size: int, idx: int,
         assert sorted(real_coll) == sorted(coll), ctx
 
 
-SETTINGS = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

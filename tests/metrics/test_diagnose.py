@@ -64,6 +64,7 @@ def test_dump_names_both_sides_durations_and_sites(owner: lb.LoopThread, sites: 
 
     async def caller() -> None:
         caller_loop.append(asyncio.get_running_loop())
+
         async def stuck_call() -> None:
             await p.wait_forever()  # caller-call-here
 
@@ -132,7 +133,7 @@ def test_call_not_yet_started_on_a_blocked_owner(asyncio_owner: lb.LoopThread) -
     def waiter() -> None:
         try:
             b.wait_forever()
-        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+        except BaseException as exc:
             result.append(exc)
 
     # The blocking caller: a plain thread.  Submitted, but the owner cannot start it.
@@ -158,7 +159,9 @@ def test_call_not_yet_started_on_a_blocked_owner(asyncio_owner: lb.LoopThread) -
     assert isinstance(result[0], lb.OwnerLoopClosed)
 
 
-def test_call_wrapped_in_a_task_is_named_by_its_task(asyncio_owner: lb.LoopThread, sites: None) -> None:
+def test_call_wrapped_in_a_task_is_named_by_its_task(
+    asyncio_owner: lb.LoopThread, sites: None
+) -> None:
     engine = asyncio_owner.run(_make)
     p = lb.proxy(engine)
 
@@ -219,7 +222,7 @@ def test_install_off_the_main_thread_is_a_typed_error() -> None:
     def install() -> None:
         try:
             install_hang_dump()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     t = threading.Thread(target=install)

@@ -54,7 +54,9 @@ def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str]
     return out
 
 
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+def value(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
@@ -119,7 +121,10 @@ def test_collector_reports_real_calls_streams_and_lag(asyncio_owner: lb.LoopThre
         )
         counts = [v for _, v in buckets]
         assert counts == sorted(counts)  # cumulative
-        assert buckets[-1] == (float("inf"), value(s, f"loopbridge_{hist}_seconds_count", object=OBJ))
+        assert buckets[-1] == (
+            float("inf"),
+            value(s, f"loopbridge_{hist}_seconds_count", object=OBJ),
+        )
     # The held calls ran ~50 ms: they are above the 32 ms bucket, below 1 s.
     assert value(s, "loopbridge_run_seconds_bucket", object=OBJ, le="0.032768") <= 28
     assert value(s, "loopbridge_run_seconds_bucket", object=OBJ, le="1.048576") == 31
@@ -129,7 +134,9 @@ def test_collector_reports_real_calls_streams_and_lag(asyncio_owner: lb.LoopThre
     lag_count = value(s, "loopbridge_loop_lag_seconds_count", loop="prom-owner")
     assert lag_count >= 2
     assert value(s, "loopbridge_loop_lag_seconds_bucket", loop="prom-owner", le="+Inf") == lag_count
-    assert value(s, "loopbridge_loop_lag_seconds_bucket", loop="prom-owner", le="0.065536") < lag_count
+    assert (
+        value(s, "loopbridge_loop_lag_seconds_bucket", loop="prom-owner", le="0.065536") < lag_count
+    )
 
     # Stopped monitors are no longer exported.
     assert not [k for k in scrape(registry) if dict(k[1]).get("loop") == "prom-owner"]

@@ -195,7 +195,9 @@ def test_stream_items_and_wakeups(owner: lb.LoopThread) -> None:
     assert snap["streams"] == 3
     assert snap["streams_completed"] == 1
     assert snap["streams_cancelled"] == 2
-    assert snap["consumer_closes"] == 1  # only the explicit aclose(); a break is not a close request
+    assert (
+        snap["consumer_closes"] == 1
+    )  # only the explicit aclose(); a break is not a close request
     assert snap["streams_open"] == 0 and snap["in_flight"] == 0
     # Items delivered to the consumer, exactly.
     assert snap["stream_items"] == 5000 + 10 + 3

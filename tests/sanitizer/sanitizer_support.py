@@ -16,8 +16,11 @@ class LoopInThread:
     """An asyncio loop running in a named thread (test scaffolding, kept apart
     from the core's LoopThread so these tests do not depend on it)."""
 
-    def __init__(self, name: str, loop_factory: Callable[[], asyncio.AbstractEventLoop]
-                 = asyncio.new_event_loop) -> None:
+    def __init__(
+        self,
+        name: str,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+    ) -> None:
         self.loop = loop_factory()
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._ready = threading.Event()
@@ -38,6 +41,7 @@ class LoopInThread:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
         asyncio.run_coroutine_threadsafe(drain(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
@@ -52,8 +56,10 @@ class LoopInThread:
 
     def call(self, fn: Callable[[], T], timeout: float = 5) -> T:
         """Run a plain function on the loop's thread, inside the loop."""
+
         async def inner() -> T:
             return fn()
+
         return self.run(inner(), timeout)
 
 
@@ -78,6 +84,7 @@ def in_thread(fn: Callable[[], T], name: str = "foreign") -> T:
 
 
 # --- the vLLM pattern --------------------------------------------------------
+
 
 class CollectorLike(Protocol):
     def put(self, output: Any) -> None: ...
@@ -108,23 +115,28 @@ class SlotCollector:
         return output
 
 
-def collector_pattern(make_collector: Callable[[], CollectorLike],
-                      make_item: Callable[[], Any],
-                      consumer_first: bool = True) -> dict[str, Any]:
+def collector_pattern(
+    make_collector: Callable[[], CollectorLike],
+    make_item: Callable[[], Any],
+    consumer_first: bool = True,
+) -> dict[str, Any]:
     """Consumer on loop B (thread 'server-loop') waits in get(); the producer
     on loop A (thread 'engine-loop') calls put(). Runs under sanitize("log")
     so the scenario completes, and returns what the sanitizer reported."""
     from loopbridge._sanitizer import sanitize
 
-    with sanitize("log") as block, LoopInThread("engine-loop") as a, \
-            LoopInThread("server-loop") as b:
+    with (
+        sanitize("log") as block,
+        LoopInThread("engine-loop") as a,
+        LoopInThread("server-loop") as b,
+    ):
         collector = b.call(make_collector)
         got: ConcurrentFuture[Any] | None = None
         if consumer_first:
             got = b.submit(collector.get())
             # wait until the consumer is parked on the event (waiter bound to B)
             for _ in range(500):
-                if b.call(lambda: bool(getattr(collector, "ready")._waiters)):
+                if b.call(lambda: bool(collector.ready._waiters)):
                     break
                 threading.Event().wait(0.002)
         item = a.call(make_item)
@@ -163,5 +175,6 @@ def skip_if_installed_for_session() -> None:
     import pytest
 
     from loopbridge._sanitizer import _instrument
+
     if _instrument.patched():
         pytest.skip("the sanitizer is installed for the whole session")

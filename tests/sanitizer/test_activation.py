@@ -37,14 +37,18 @@ SRC = str(Path(loopbridge.__file__).resolve().parent.parent)
 def _snapshot() -> dict[str, Any]:
     """Every attribute the sanitizer may replace, by identity."""
     owners: list[tuple[str, Any]] = [
-        ("Event", asyncio.Event), ("Lock", asyncio.Lock), ("Semaphore", asyncio.Semaphore),
-        ("Condition", asyncio.Condition), ("Queue", asyncio.Queue),
+        ("Event", asyncio.Event),
+        ("Lock", asyncio.Lock),
+        ("Semaphore", asyncio.Semaphore),
+        ("Condition", asyncio.Condition),
+        ("Queue", asyncio.Queue),
         ("mixin", asyncio.mixins._LoopBoundMixin),
         ("BaseEventLoop", asyncio.base_events.BaseEventLoop),
         ("BaseSelectorEventLoop", asyncio.selector_events.BaseSelectorEventLoop),
     ]
     try:
         import uvloop
+
         owners.append(("uvloop.Loop", uvloop.Loop))
     except ImportError:  # pragma: no cover
         pass
@@ -107,7 +111,7 @@ def test_nested_block_policy_and_reports_go_to_innermost() -> None:
     with LoopInThread("owner") as owner, sanitize("raise") as outer:
         fut: asyncio.Future[int] = owner.call(owner.loop.create_future)
         with sanitize("log") as inner:
-            in_thread(lambda: fut.set_result(1))     # log: does not raise
+            in_thread(lambda: fut.set_result(1))  # log: does not raise
         assert len(inner.reports) == 1 and outer.reports == []
         fut2: asyncio.Future[int] = owner.call(owner.loop.create_future)
         with pytest.raises(SanitizerError):
@@ -128,6 +132,7 @@ def test_isinstance_still_holds_for_futures_made_before() -> None:
 
             async def noop() -> None:
                 pass
+
             task = loop.create_task(noop())
             assert isinstance(task, asyncio.Task) and isinstance(task, asyncio.Future)
             loop.run_until_complete(task)
@@ -177,7 +182,7 @@ def child_entry(queue):
     queue.put({"error": misuse(), "loopbridge_imported_by_target": False})
 '''
 
-_MAIN = '''
+_MAIN = """
 import json, multiprocessing, sys
 {import_line}
 import child_mod
@@ -191,17 +196,22 @@ if __name__ == "__main__":
     child = q.get(timeout=60)
     p.join(60)
     print(json.dumps({{"main": own, "child": child["error"]}}))
-'''
+"""
 
 
 def _run(tmp_path: Path, import_line: str, env_extra: dict[str, str]) -> dict[str, Any]:
     (tmp_path / "child_mod.py").write_text(textwrap.dedent(_CHILD_MODULE))
     (tmp_path / "main.py").write_text(_MAIN.format(import_line=import_line))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "LOOPBRIDGE_SANITIZE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOOPBRIDGE_SANITIZE")}
     env.update(env_extra)
-    proc = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
@@ -211,8 +221,9 @@ def test_env_var_with_import_activates_process_and_spawned_child(tmp_path: Path)
     """``LOOPBRIDGE_SANITIZE=raise`` and ``import loopbridge``: on in this
     process, and in a spawn child whose code never imports loopbridge (the way
     vLLM starts its EngineCore)."""
-    result = _run(tmp_path, "import loopbridge",
-                  {"LOOPBRIDGE_SANITIZE": "raise", "PYTHONPATH": SRC})
+    result = _run(
+        tmp_path, "import loopbridge", {"LOOPBRIDGE_SANITIZE": "raise", "PYTHONPATH": SRC}
+    )
     assert result == {"main": "SanitizerError", "child": "SanitizerError"}
 
 
@@ -234,12 +245,15 @@ def test_boot_chains_to_an_existing_sitecustomize(tmp_path: Path) -> None:
     other.mkdir()
     (other / "sitecustomize.py").write_text("import builtins\nbuiltins.CHAINED = True\n")
     path = os.pathsep.join([_sanitizer.boot_dir(), str(other), SRC])
-    code = ("import builtins, asyncio, sys; "
-            "print(getattr(builtins, 'CHAINED', False), 'loopbridge' in sys.modules, "
-            "asyncio.Future.__name__)")
+    code = (
+        "import builtins, asyncio, sys; "
+        "print(getattr(builtins, 'CHAINED', False), 'loopbridge' in sys.modules, "
+        "asyncio.Future.__name__)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({"LOOPBRIDGE_SANITIZE": "warn", "PYTHONPATH": path})
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "True", "SanFuture"]

@@ -85,13 +85,17 @@ def test_same_loop_primitives_clean(kind: str) -> None:
 def test_threadsafe_handoffs_clean(kind: str) -> None:
     """call_soon_threadsafe and run_coroutine_threadsafe from plain threads and
     from other loops."""
-    with sanitize("raise") as block, LoopInThread("owner", LOOP_FACTORIES[kind]) as owner, \
-            LoopInThread("client", LOOP_FACTORIES[kind]) as client:
+    with (
+        sanitize("raise") as block,
+        LoopInThread("owner", LOOP_FACTORIES[kind]) as owner,
+        LoopInThread("client", LOOP_FACTORIES[kind]) as client,
+    ):
         loop = owner.loop
         fut: asyncio.Future[int] = owner.call(loop.create_future)
         ev: asyncio.Event = owner.call(asyncio.Event)
         q: asyncio.Queue[int] = owner.call(asyncio.Queue)
         lock: asyncio.Lock = owner.call(asyncio.Lock)
+
         async def result_of(f: asyncio.Future[int]) -> int:
             return await f
 
@@ -116,8 +120,7 @@ def test_threadsafe_handoffs_clean(kind: str) -> None:
             value = await asyncio.wrap_future(cf)
             done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             mine = asyncio.get_running_loop()
-            loop.call_soon_threadsafe(
-                lambda: mine.call_soon_threadsafe(done.set_result, value + 1))
+            loop.call_soon_threadsafe(lambda: mine.call_soon_threadsafe(done.set_result, value + 1))
             return await done
 
         assert client.run(from_other_loop()) == 6
@@ -194,6 +197,7 @@ def test_set_up_before_the_loop_runs_clean() -> None:
             def run() -> None:
                 loop.run_forever()
                 done.set()
+
             threading.Thread(target=run).start()
             assert done.wait(5)
             assert hits == [1, 2]

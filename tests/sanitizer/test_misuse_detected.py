@@ -41,7 +41,7 @@ def owner() -> Any:
 def test_event_set_from_foreign_thread(owner: LoopInThread) -> None:
     with sanitize("raise") as block:
         ev: asyncio.Event = owner.call(asyncio.Event)
-        waiting = owner.submit(ev.wait())            # binds the event to the owner loop
+        waiting = owner.submit(ev.wait())  # binds the event to the owner loop
         owner.call(lambda: None)
         err = _expect_flag(block, lambda: ev.set(), "asyncio.Event.set")
         assert not ev.is_set(), "raise policy must stop the operation"
@@ -50,7 +50,7 @@ def test_event_set_from_foreign_thread(owner: LoopInThread) -> None:
         # both sides are in the message
         text = str(err)
         assert "intruder" in text and "owner-loop" in text and HERE in text
-        owner.loop.call_soon_threadsafe(ev.set)        # the correct way
+        owner.loop.call_soon_threadsafe(ev.set)  # the correct way
         assert waiting.result(5) is True
     assert len(block.reports) == 1
 
@@ -71,6 +71,7 @@ def test_future_set_result_from_foreign_thread(owner: LoopInThread) -> None:
 
 def test_task_cancel_from_foreign_thread(owner: LoopInThread) -> None:
     with sanitize("raise") as block:
+
         async def sleeper() -> None:
             await asyncio.sleep(30)
 
@@ -116,7 +117,7 @@ def test_condition_notify_from_foreign_thread(owner: LoopInThread) -> None:
 
         w = owner.submit(waiter())
         owner.call(lambda: None)
-        owner.run(hold())          # the owner loop holds the lock now
+        owner.run(hold())  # the owner loop holds the lock now
         _expect_flag(block, lambda: cond.notify(), "asyncio.Condition.notify")
         with pytest.raises(SanitizerError):
             in_thread(lambda: cond.notify_all())
@@ -124,6 +125,7 @@ def test_condition_notify_from_foreign_thread(owner: LoopInThread) -> None:
         def notify_and_release() -> None:
             cond.notify()
             cond.release()
+
         owner.loop.call_soon_threadsafe(notify_and_release)
         w.result(5)
 
@@ -134,7 +136,7 @@ def test_lock_release_from_foreign_thread(owner: LoopInThread) -> None:
     with sanitize("raise") as block:
         lock: asyncio.Lock = owner.call(asyncio.Lock)
         owner.run(lock.acquire())
-        assert getattr(lock, "_loop") is None  # asyncio itself would never notice
+        assert lock._loop is None  # asyncio itself would never notice
         _expect_flag(block, lambda: lock.release(), "asyncio.Lock.release")
         assert lock.locked()
         owner.loop.call_soon_threadsafe(lock.release)
@@ -149,8 +151,9 @@ def test_semaphore_release_from_foreign_thread(owner: LoopInThread) -> None:
         owner.loop.call_soon_threadsafe(sem.release)
 
 
-@pytest.mark.parametrize("method", ["call_soon", "call_later", "call_at", "create_task",
-                                    "create_future", "stop"])
+@pytest.mark.parametrize(
+    "method", ["call_soon", "call_later", "call_at", "create_task", "create_future", "stop"]
+)
 def test_loop_scheduling_from_foreign_thread(owner: LoopInThread, method: str) -> None:
     async def nothing() -> None:
         pass
@@ -200,7 +203,7 @@ def test_waiter_of_idle_loop_woken_from_running_loop() -> None:
     idle = asyncio.new_event_loop()
     try:
         with sanitize("raise"):
-            fut = idle.create_future()        # no loop running here: allowed
+            fut = idle.create_future()  # no loop running here: allowed
 
             async def wake() -> None:
                 fut.set_result(1)
@@ -208,7 +211,7 @@ def test_waiter_of_idle_loop_woken_from_running_loop() -> None:
             with pytest.raises(SanitizerError) as info:
                 asyncio.run(wake())
             assert info.value.report.kind == "wrong-loop"
-            fut.set_result(2)                 # plain code, owner idle: allowed
+            fut.set_result(2)  # plain code, owner idle: allowed
     finally:
         idle.close()
 
@@ -217,6 +220,7 @@ def test_flagged_every_time_without_the_race_firing(owner: LoopInThread) -> None
     """Deterministic: a foreign set() on a fresh event is flagged each time, on
     the first call. Without the sanitizer the same call passes silently."""
     skip_if_installed_for_session()
+
     def fresh_bound_event() -> asyncio.Event:
         ev: asyncio.Event = owner.call(asyncio.Event)
         owner.submit(ev.wait())
@@ -224,7 +228,7 @@ def test_flagged_every_time_without_the_race_firing(owner: LoopInThread) -> None
         return ev
 
     silent = fresh_bound_event()
-    in_thread(silent.set)                     # no sanitizer: no error at all
+    in_thread(silent.set)  # no sanitizer: no error at all
     owner.loop.call_soon_threadsafe(lambda: None)
     with sanitize("raise") as block:
         for _ in range(20):
@@ -239,11 +243,11 @@ def test_warn_policy_once_per_site(owner: LoopInThread) -> None:
     with sanitize("warn") as block:
         events = [owner.call(asyncio.Event) for _ in range(3)]
         for ev in events:
-            owner.call(ev.clear)              # first use binds to the owner loop
+            owner.call(ev.clear)  # first use binds to the owner loop
 
         def misuse_all() -> None:
             for ev in events:
-                ev.set()                     # one site, three times
+                ev.set()  # one site, three times
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -278,6 +282,7 @@ def test_report_is_recorded_even_when_swallowed(owner: LoopInThread) -> None:
                 fut.set_result(1)
             finally:
                 done.set()
+
         other.loop.call_soon_threadsafe(cb)
         assert done.wait(5)
         assert [r.operation for r in block.reports] == ["asyncio.Future.set_result"]
@@ -302,9 +307,11 @@ def test_uvloop_loop_future_and_task_covered() -> None:
         owner.call(lambda: None)
         _expect_flag(block, lambda: owner.loop.call_soon(print), "loop.call_soon")
         block_reports = 1
-        for fn, op in [(lambda: fut.set_result(1), "asyncio.Future.set_result"),
-                       (lambda: task.cancel(), "asyncio.Task.cancel"),
-                       (lambda: ev.set(), "asyncio.Event.set")]:
+        for fn, op in [
+            (lambda: fut.set_result(1), "asyncio.Future.set_result"),
+            (lambda: task.cancel(), "asyncio.Task.cancel"),
+            (lambda: ev.set(), "asyncio.Event.set"),
+        ]:
             with pytest.raises(SanitizerError) as info:
                 in_thread(fn, name="intruder")
             block_reports += 1

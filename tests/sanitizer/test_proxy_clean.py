@@ -75,16 +75,18 @@ def test_proxy_from_foreign_loops_and_threads_clean(use_uvloop: bool) -> None:
                 break
             return out
 
-        assert asyncio.run(client())[:2] == [1, 3]           # a second loop, this thread
+        assert asyncio.run(client())[:2] == [1, 3]  # a second loop, this thread
         in_thread(lambda: asyncio.run(client()), name="other-loop")  # a third, another thread
         b = lb.blocking(p)
-        assert in_thread(lambda: b.bump(5), name="plain") >= 5       # a plain thread
+        assert in_thread(lambda: b.bump(5), name="plain") >= 5  # a plain thread
 
         async def many() -> list[int]:
             return list(await asyncio.gather(*(p.bump(1) for _ in range(50))))
+
         results: list[list[int]] = []
-        threads = [threading.Thread(target=lambda: results.append(asyncio.run(many())))
-                   for _ in range(4)]
+        threads = [
+            threading.Thread(target=lambda: results.append(asyncio.run(many()))) for _ in range(4)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -88,25 +88,45 @@ def _run(tmp_path: Path, *args: str, ini: str = "") -> tuple[int, dict[str, str]
     env.pop("LOOPBRIDGE_SANITIZE", None)
     xml = tmp_path / "out.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *_plugin_args(),
-         f"--junit-xml={xml}", "-q", *args, "test_suite.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            *_plugin_args(),
+            f"--junit-xml={xml}",
+            "-q",
+            *args,
+            "test_suite.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     outcomes: dict[str, str] = {}
     if xml.exists():
         for case in ET.parse(xml).getroot().iter("testcase"):
             name = case.get("name", "")
             kinds = {child.tag for child in case}
-            outcomes[name] = ("error" if "error" in kinds else
-                              "failed" if "failure" in kinds else "passed")
+            outcomes[name] = (
+                "error" if "error" in kinds else "failed" if "failure" in kinds else "passed"
+            )
     return proc.returncode, outcomes, proc.stdout + proc.stderr
 
 
 def test_command_line_option(tmp_path: Path) -> None:
     code, outcomes, out = _run(tmp_path, "--loopbridge-sanitize=raise")
     assert code == 1, out
-    assert outcomes == {"test_misuse": "error", "test_clean": "passed",
-                        "test_exempt": "passed", "test_marked": "error",
-                        "test_marked_warn": "passed"}, out
+    assert outcomes == {
+        "test_misuse": "error",
+        "test_clean": "passed",
+        "test_exempt": "passed",
+        "test_marked": "error",
+        "test_marked_warn": "passed",
+    }, out
     assert "loopbridge sanitizer found 1 misuse(s)" in out
     assert "asyncio.Event.set() called from the wrong thread" in out
     assert "SanitizerWarning" in out  # the warn-marked test still warned
@@ -119,9 +139,13 @@ def test_ini_option(tmp_path: Path) -> None:
 
 def test_marker_only(tmp_path: Path) -> None:
     code, outcomes, out = _run(tmp_path)
-    assert outcomes == {"test_misuse": "passed", "test_clean": "passed",
-                        "test_exempt": "passed", "test_marked": "error",
-                        "test_marked_warn": "passed"}, out
+    assert outcomes == {
+        "test_misuse": "passed",
+        "test_clean": "passed",
+        "test_exempt": "passed",
+        "test_marked": "error",
+        "test_marked_warn": "passed",
+    }, out
 
 
 def test_bad_value_is_a_usage_error(tmp_path: Path) -> None:

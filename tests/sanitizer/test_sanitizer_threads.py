@@ -18,14 +18,15 @@ def test_concurrent_misuse_from_many_threads_is_counted_exactly() -> None:
     threads, per_thread = 8, 50
     with LoopInThread("owner") as owner, sanitize("log") as block:
         futures: list[asyncio.Future[int]] = owner.call(
-            lambda: [owner.loop.create_future() for _ in range(threads * per_thread)])
+            lambda: [owner.loop.create_future() for _ in range(threads * per_thread)]
+        )
         start = threading.Barrier(threads)
         errors: list[BaseException] = []
 
         def hammer(k: int) -> None:
             try:
                 start.wait()
-                for fut in futures[k * per_thread:(k + 1) * per_thread]:
+                for fut in futures[k * per_thread : (k + 1) * per_thread]:
                     fut.set_result(k)
             except BaseException as exc:  # anything the sanitizer lets escape
                 errors.append(exc)

@@ -4,7 +4,6 @@ the same shape, then with vLLM's own RequestOutputCollector."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -50,8 +49,11 @@ def test_slot_collector_caught_when_put_comes_first() -> None:
 
 def test_slot_collector_handoff_done_right_is_clean() -> None:
     """The safe path: the producer hands put() to the consumer's loop."""
-    with sanitize("raise") as block, LoopInThread("engine-loop") as a, \
-            LoopInThread("server-loop") as b:
+    with (
+        sanitize("raise") as block,
+        LoopInThread("engine-loop") as a,
+        LoopInThread("server-loop") as b,
+    ):
         collector = b.call(SlotCollector)
         got = b.submit(collector.get())
         b.call(lambda: None)
@@ -86,16 +88,26 @@ def test_real_vllm_request_output_collector_cross_loop_caught(tmp_path: Path) ->
     subprocess (vLLM's import takes seconds and wants its CPU environment)."""
     # vLLM is part of the test environment (scripts/setup.sh): no skip here.
     env = dict(os.environ)
-    env.update({
-        "VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-        "VLLM_RPC_BASE_PATH": str(tmp_path),
-        "PYTHONPATH": os.pathsep.join([SRC, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    })
+    env.update(
+        {
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+            "VLLM_RPC_BASE_PATH": str(tmp_path),
+            "PYTHONPATH": os.pathsep.join([SRC, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        }
+    )
     env.pop("LOOPBRIDGE_SANITIZE", None)
-    proc = subprocess.run([sys.executable, "-c", _VLLM_SCRIPT.format(here=str(HERE))],
-                          env=env, capture_output=True, text=True, timeout=180,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _VLLM_SCRIPT.format(here=str(HERE))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["delivered"], "the scenario should still hand the output over"

@@ -95,8 +95,10 @@ def run_mypy(checker: str, files: list[Path]) -> tuple[dict[str, dict[int, Found
     cache = REPO / ".mypy_cache" / f"typing-{checker}"
     stdout, stderr, status = mypy_api.run(
         [
-            "--config-file", str(CONFIGS[checker]),
-            "--cache-dir", str(cache),
+            "--config-file",
+            str(CONFIGS[checker]),
+            "--cache-dir",
+            str(cache),
             "--show-absolute-path",
             "--no-error-summary",
             "--no-pretty",
@@ -127,7 +129,9 @@ def compare_mypy(files: list[Path], found: dict[str, dict[int, Found]]) -> list[
     for name in set(found) - {f.name for f in files}:
         for number, f in sorted(found[name].items()):
             for code, msg in f.errors:
-                problems.append(f"{name}:{number}: unexpected error in a helper module: {msg} [{code}]")
+                problems.append(
+                    f"{name}:{number}: unexpected error in a helper module: {msg} [{code}]"
+                )
     for path in files:
         exp, got = expectations(path), found.get(path.name, {})
         for number in sorted(set(exp) | set(got)):
@@ -242,7 +246,8 @@ def test_package_is_strict_clean() -> None:
     stdout, stderr, status = mypy_api.run(
         [
             "--strict",
-            "--cache-dir", str(REPO / ".mypy_cache" / "typing-core"),
+            "--cache-dir",
+            str(REPO / ".mypy_cache" / "typing-core"),
             "--no-pretty",
             "--no-color-output",
             str(REPO / "src" / "loopbridge"),

@@ -15,7 +15,6 @@ import pytest
 from vllm_engines import CACHE, start_engine, stop_engine
 
 from loopbridge import LoopThread
-
 from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
 
 # Before anything imports vLLM: CPU platform, caches inside the work tree.

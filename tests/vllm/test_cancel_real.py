@@ -45,7 +45,9 @@ class AbortLog:
 
 
 @pytest.fixture
-def slow_engine(shared_engine: tuple[LoopThread, Any]) -> Iterator[tuple[LoopThread, Any, AbortLog]]:
+def slow_engine(
+    shared_engine: tuple[LoopThread, Any],
+) -> Iterator[tuple[LoopThread, Any, AbortLog]]:
     owner, llm = shared_engine
     rpc = blocking(_proxy_of(llm)).collective_rpc
     rpc("standin_set_step_s", args=(0.02,))
@@ -81,9 +83,10 @@ async def _leave_after_first_chunk(url: str, n: int, *, chat: bool) -> int:
         async def one(i: int) -> None:
             nonlocal left
             if chat:
-                path, body = "/v1/chat/completions", {
-                    "messages": [{"role": "user", "content": f"q{i}"}]
-                }
+                path, body = (
+                    "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": f"q{i}"}]},
+                )
             else:
                 path, body = "/v1/completions", {"prompt": f"p{i}"}
             body.update(model="tiny", max_tokens=300, ignore_eos=True, stream=True)
@@ -166,7 +169,12 @@ def test_finished_requests_are_not_aborted(
     try:
 
         async def main() -> int:
-            outs = [o async for o in engine_proxy.generate("x", SamplingParams(max_tokens=4, ignore_eos=True), "done-1")]
+            outs = [
+                o
+                async for o in engine_proxy.generate(
+                    "x", SamplingParams(max_tokens=4, ignore_eos=True), "done-1"
+                )
+            ]
             return len(outs[-1].outputs[0].token_ids)
 
         assert asyncio.run(main()) == 4

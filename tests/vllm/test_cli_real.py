@@ -19,9 +19,21 @@ def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
     src = str(REPO / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     cmd = [
-        sys.executable, "-m", "loopbridge_vllm", "serve", str(tiny_model),
-        "--port", "0", "--cpu-standin", "--grace", "1",
-        "--", "--served-model-name", "tiny", "--max-model-len", "256",
+        sys.executable,
+        "-m",
+        "loopbridge_vllm",
+        "serve",
+        str(tiny_model),
+        "--port",
+        "0",
+        "--cpu-standin",
+        "--grace",
+        "1",
+        "--",
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "256",
     ]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
@@ -44,7 +56,9 @@ def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
         with httpx.Client(base_url=url, timeout=30) as client:
             assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny"]
             body = {"model": "tiny", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True}
-            assert client.post("/v1/completions", json=body).json()["usage"]["completion_tokens"] == 3
+            assert (
+                client.post("/v1/completions", json=body).json()["usage"]["completion_tokens"] == 3
+            )
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         lines.append(out)
@@ -60,9 +74,14 @@ def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
 
 def test_unknown_subcommand_is_a_clear_error() -> None:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p
+    )
     done = subprocess.run(
         [sys.executable, "-m", "loopbridge_vllm", "frobnicate"],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2 and "unknown subcommand" in done.stderr

@@ -21,8 +21,9 @@ def test_tiny_model_is_complete_and_cached(tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(path)
     ids = tok("Hello world")["input_ids"]
     assert tok.decode(ids) == "Hello world"
-    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                   add_generation_prompt=True).endswith("assistant: ")
+    assert tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    ).endswith("assistant: ")
     weights = path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert cpu_engine.build_tiny_model(path) == path

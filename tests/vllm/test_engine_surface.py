@@ -54,7 +54,7 @@ def _in_thread(fn: Any, timeout: float = 10.0) -> Any:
     def main() -> None:
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        except BaseException as exc:
             box["error"] = exc
 
     t = threading.Thread(target=main)
@@ -153,8 +153,12 @@ def test_health_reads_do_not_wait_for_the_owner_loop(
     try:
         # The owner loop is stuck: anything marshalled would hang here.
         status = _in_thread(
-            lambda: (engine_proxy.errored, engine_proxy.is_running, engine_proxy.is_stopped,
-                     type(engine_proxy.dead_error).__name__)
+            lambda: (
+                engine_proxy.errored,
+                engine_proxy.is_running,
+                engine_proxy.is_stopped,
+                type(engine_proxy.dead_error).__name__,
+            )
         )
         assert status == (False, True, False, "EngineDeadError")
 
@@ -177,7 +181,9 @@ def test_unclassified_member_fails_at_startup() -> None:
     def check_budget(self: Any) -> None:  # a sync member no rule knows
         pass
 
-    newer = types.new_class("AsyncLLM", (AsyncLLM,), exec_body=lambda ns: ns.update(check_budget=check_budget))
+    newer = types.new_class(
+        "AsyncLLM", (AsyncLLM,), exec_body=lambda ns: ns.update(check_budget=check_budget)
+    )
     bare = object.__new__(newer)
     loop = asyncio.new_event_loop()
     try:
@@ -185,11 +191,14 @@ def test_unclassified_member_fails_at_startup() -> None:
             engine_client_proxy(bare, loop=loop)
     finally:
         loop.close()
+
     # New async members need no rule: they are marshalled by kind.
     async def refresh(self: Any) -> None:
         pass
 
-    newer_async = types.new_class("AsyncLLM", (AsyncLLM,), exec_body=lambda ns: ns.update(refresh=refresh))
+    newer_async = types.new_class(
+        "AsyncLLM", (AsyncLLM,), exec_body=lambda ns: ns.update(refresh=refresh)
+    )
     table = classify_surface(newer_async)
     assert table["refresh"][1] is not None and table["refresh"][1].policy is Policy.MARSHAL
 

@@ -39,8 +39,15 @@ def example() -> Iterator[Any]:
 def ray_cluster() -> Iterator[None]:
     env = {
         k: os.environ[k]
-        for k in ("VLLM_TARGET_DEVICE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "HF_HUB_OFFLINE",
-                  "VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TOKENIZERS_PARALLELISM")
+        for k in (
+            "VLLM_TARGET_DEVICE",
+            "VLLM_NO_USAGE_STATS",
+            "DO_NOT_TRACK",
+            "HF_HUB_OFFLINE",
+            "VLLM_CACHE_ROOT",
+            "VLLM_RPC_BASE_PATH",
+            "TOKENIZERS_PARALLELISM",
+        )
         if k in os.environ
     }
     paths = [str(REPO / "examples"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]

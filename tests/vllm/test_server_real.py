@@ -82,7 +82,13 @@ def test_stop_drains_a_running_stream_then_cancels_it(
     try:
 
         async def long_stream() -> int:
-            body = {"model": "tiny", "prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
+            body = {
+                "model": "tiny",
+                "prompt": "x",
+                "max_tokens": 400,
+                "ignore_eos": True,
+                "stream": True,
+            }
             seen = 0
             async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
                 try:

@@ -65,7 +65,7 @@ def test_update_from_trainer_thread_under_http_load(
             trainer_log.append(f"old={old}")
             engine.resume_generation()
             trainer_log.append(f"paused={engine.is_paused()}")
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=trainer, name="trainer")

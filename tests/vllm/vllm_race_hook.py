@@ -50,7 +50,7 @@ class CollectorSetHold:
         original = asyncio.Event.set
         hook = self
 
-        def set(event: asyncio.Event) -> None:  # noqa: A001 - replaces Event.set
+        def set(event: asyncio.Event) -> None:
             if sys._getframe(1).f_code is not hook._put_code:
                 return original(event)
             return hook._collector_set(event, original)

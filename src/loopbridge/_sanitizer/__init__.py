@@ -49,8 +49,7 @@ def _validate(policy: object) -> Policy:
     for p in POLICIES:
         if policy == p:
             return p
-    raise ValueError(
-        f"sanitizer policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    raise ValueError(f"sanitizer policy must be one of {', '.join(POLICIES)}; got {policy!r}")
 
 
 def _apply() -> None:
@@ -102,8 +101,9 @@ class sanitize:
             _apply()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         with _lock:
             _blocks[:] = [b for b in _blocks if b[0] is not self._token]
             self._token = None
@@ -150,7 +150,8 @@ def install_from_env(environ: MutableMapping[str, str] | None = None) -> Policy 
         policy = _validate(raw)
     except ValueError:
         raise ValueError(
-            f"{ENV_VAR}={env.get(ENV_VAR)!r}: expected raise, warn, log or off") from None
+            f"{ENV_VAR}={env.get(ENV_VAR)!r}: expected raise, warn, log or off"
+        ) from None
     install(policy)
     boot = boot_dir()
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

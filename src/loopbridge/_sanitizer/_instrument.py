@@ -77,8 +77,9 @@ class _Nested:
     def __enter__(self) -> None:
         _tls.depth = getattr(_tls, "depth", 0) + 1
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         _tls.depth -= 1
 
 
@@ -86,6 +87,7 @@ _nested = _Nested()
 
 
 # --- judging -----------------------------------------------------------------
+
 
 def _loop_thread_id(loop: asyncio.AbstractEventLoop) -> int | None:
     tid: int | None = getattr(loop, "_thread_id", None)
@@ -103,8 +105,7 @@ def _running_elsewhere(loop: asyncio.AbstractEventLoop) -> bool:
     return tid is None or tid != _get_ident()
 
 
-def _judge(owner: asyncio.AbstractEventLoop,
-           cur: asyncio.AbstractEventLoop | None) -> Kind | None:
+def _judge(owner: asyncio.AbstractEventLoop, cur: asyncio.AbstractEventLoop | None) -> Kind | None:
     if _running_elsewhere(owner):
         return "wrong-thread" if cur is None else "wrong-loop"
     if cur is not None:
@@ -146,20 +147,30 @@ def _describe_waiters(*queues: object) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _violation(op: str, kind: Kind, owner: asyncio.AbstractEventLoop,
-               cur: asyncio.AbstractEventLoop | None, subject: str,
-               bind: Site | None, how: str,
-               waiters: tuple[str, ...] = ()) -> bool:
+def _violation(
+    op: str,
+    kind: Kind,
+    owner: asyncio.AbstractEventLoop,
+    cur: asyncio.AbstractEventLoop | None,
+    subject: str,
+    bind: Site | None,
+    how: str,
+    waiters: tuple[str, ...] = (),
+) -> bool:
     """Report; return True if the operation should go ahead (warn/log)."""
     if getattr(_tls, "depth", 0):
         return True
     report = SanitizerReport(
-        operation=op, kind=kind, subject=subject,
+        operation=op,
+        kind=kind,
+        subject=subject,
         call_stack=_sites.capture_stack(),
         call_loop=f"running {loop_name(cur)}" if cur is not None else "no running loop",
         owner_loop=loop_name(owner),
         owner_thread=_thread_of(owner) if owner.is_running() else None,
-        bind=bind, bind_how=how, waiters=waiters,
+        bind=bind,
+        bind_how=how,
+        waiters=waiters,
     )
     emitter.emit(report)  # raises under the "raise" policy
     return True
@@ -181,8 +192,7 @@ def _check_primitive(prim: Any, op: str) -> bool:
                 return False
             if _running_elsewhere(bind.loop):
                 kind: Kind = "wrong-thread" if cur is None else "wrong-loop"
-                return _violation(op, kind, bind.loop, cur, _subject(prim),
-                                  bind.site, bind.how)
+                return _violation(op, kind, bind.loop, cur, _subject(prim), bind.site, bind.how)
         if cur is not None:
             try:
                 setattr(prim, _BIND, _Bind(cur, _sites.capture(), "first used on this loop"))
@@ -196,9 +206,11 @@ def _check_primitive(prim: Any, op: str) -> bool:
         return False
     site = bind.site if bind is not None and bind.loop is owner else None
     how = bind.how if site is not None and bind is not None else ""
-    waiters = _describe_waiters(getattr(prim, "_waiters", None),
-                                getattr(prim, "_getters", None),
-                                getattr(prim, "_putters", None))
+    waiters = _describe_waiters(
+        getattr(prim, "_waiters", None),
+        getattr(prim, "_getters", None),
+        getattr(prim, "_putters", None),
+    )
     return _violation(op, verdict, owner, cur, _subject(prim), site, how, waiters)
 
 
@@ -209,19 +221,22 @@ def _check_future(fut: Any, op: str) -> bool:
     if verdict is None:
         return False
     site: Site | None = getattr(fut, "_lb_site", None)
-    return _violation(op, verdict, owner, cur, _subject(fut), site,
-                      "created" if site is not None else "")
+    return _violation(
+        op, verdict, owner, cur, _subject(fut), site, "created" if site is not None else ""
+    )
 
 
 def _check_loop(loop: asyncio.AbstractEventLoop, op: str) -> bool:
     if not _running_elsewhere(loop):
         return False
     cur = _get_running_loop()
-    return _violation(op, "wrong-thread" if cur is None else "wrong-loop", loop, cur,
-                      loop_name(loop), None, "")
+    return _violation(
+        op, "wrong-thread" if cur is None else "wrong-loop", loop, cur, loop_name(loop), None, ""
+    )
 
 
 # --- Future and Task subclasses ----------------------------------------------
+
 
 class _Meta(type):
     """Keeps ``isinstance(x, asyncio.Future)`` true for futures created before
@@ -245,30 +260,41 @@ class SanFuture(_ORIG_FUTURE, metaclass=_Meta):  # type: ignore[misc,valid-type]
         self._lb_site: Site | None = _sites.capture() if _active else None
 
     def set_result(self, result: Any) -> None:
-        if _active and _get_running_loop() is not self._loop and \
-                _check_future(self, "asyncio.Future.set_result"):
+        if (
+            _active
+            and _get_running_loop() is not self._loop
+            and _check_future(self, "asyncio.Future.set_result")
+        ):
             with _nested:
                 return _ORIG_FUTURE.set_result(self, result)
         return _ORIG_FUTURE.set_result(self, result)
 
     def set_exception(self, exception: BaseException | type[BaseException]) -> None:
-        if _active and _get_running_loop() is not self._loop and \
-                _check_future(self, "asyncio.Future.set_exception"):
+        if (
+            _active
+            and _get_running_loop() is not self._loop
+            and _check_future(self, "asyncio.Future.set_exception")
+        ):
             with _nested:
                 return _ORIG_FUTURE.set_exception(self, exception)
         return _ORIG_FUTURE.set_exception(self, exception)
 
     def cancel(self, msg: Any | None = None) -> bool:
-        if _active and _get_running_loop() is not self._loop and \
-                _check_future(self, "asyncio.Future.cancel"):
+        if (
+            _active
+            and _get_running_loop() is not self._loop
+            and _check_future(self, "asyncio.Future.cancel")
+        ):
             with _nested:
                 return _ORIG_FUTURE.cancel(self, msg)
         return _ORIG_FUTURE.cancel(self, msg)
 
-    def add_done_callback(self, fn: Callable[[Any], object], *,
-                          context: Any = None) -> None:
-        if _active and _get_running_loop() is not self._loop and \
-                _check_future(self, "asyncio.Future.add_done_callback"):
+    def add_done_callback(self, fn: Callable[[Any], object], *, context: Any = None) -> None:
+        if (
+            _active
+            and _get_running_loop() is not self._loop
+            and _check_future(self, "asyncio.Future.add_done_callback")
+        ):
             with _nested:
                 return _ORIG_FUTURE.add_done_callback(self, fn, context=context)
         return _ORIG_FUTURE.add_done_callback(self, fn, context=context)
@@ -278,23 +304,29 @@ class SanTask(_ORIG_TASK, metaclass=_Meta):  # type: ignore[misc,valid-type]
     _lb_base = _ORIG_TASK
     __slots__ = ("_lb_site",)
 
-    def __init__(self, coro: Any, *, loop: asyncio.AbstractEventLoop | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, coro: Any, *, loop: asyncio.AbstractEventLoop | None = None, **kwargs: Any
+    ) -> None:
         # Before the base __init__: on 3.12+ an eager task may start running there.
         self._lb_site: Site | None = _sites.capture() if _active else None
         _ORIG_TASK.__init__(self, coro, loop=loop, **kwargs)
 
     def cancel(self, msg: Any | None = None) -> bool:
-        if _active and _get_running_loop() is not self._loop and \
-                _check_future(self, "asyncio.Task.cancel"):
+        if (
+            _active
+            and _get_running_loop() is not self._loop
+            and _check_future(self, "asyncio.Task.cancel")
+        ):
             with _nested:
                 return _ORIG_TASK.cancel(self, msg)
         return _ORIG_TASK.cancel(self, msg)
 
-    def add_done_callback(self, fn: Callable[[Any], object], *,
-                          context: Any = None) -> None:
-        if _active and _get_running_loop() is not self._loop and \
-                _check_future(self, "asyncio.Task.add_done_callback"):
+    def add_done_callback(self, fn: Callable[[Any], object], *, context: Any = None) -> None:
+        if (
+            _active
+            and _get_running_loop() is not self._loop
+            and _check_future(self, "asyncio.Task.add_done_callback")
+        ):
             with _nested:
                 return _ORIG_TASK.add_done_callback(self, fn, context=context)
         return _ORIG_TASK.add_done_callback(self, fn, context=context)
@@ -314,8 +346,9 @@ def _owner_of(prim: Any) -> asyncio.AbstractEventLoop | None:
     return owner
 
 
-async def _checked_run(orig: _F, op: str, prim: Any, args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
+async def _checked_run(
+    orig: _F, op: str, prim: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     _check_primitive(prim, op)
     return await orig(prim, *args, **kwargs)
 
@@ -334,6 +367,7 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
                 if owner is None or owner is not _get_running_loop():
                     return _checked_run(orig, op, self, args, kwargs)
             return orig(self, *args, **kwargs)
+
         if hasattr(inspect, "markcoroutinefunction"):
             inspect.markcoroutinefunction(coroutine_wrapper)
         return coroutine_wrapper
@@ -348,11 +382,13 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
                     bind = getattr(self, _BIND, None)
                     if bind is not None:
                         owner = bind[0]
-                if (owner is None or owner is not _get_running_loop()) and \
-                        _check_primitive(self, op):
+                if (owner is None or owner is not _get_running_loop()) and _check_primitive(
+                    self, op
+                ):
                     with _nested:
                         return orig(self)
             return orig(self)
+
         return no_arg_wrapper
 
     @functools.wraps(orig)
@@ -363,11 +399,11 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
                 bind = getattr(self, _BIND, None)
                 if bind is not None:
                     owner = bind[0]
-            if (owner is None or owner is not _get_running_loop()) and \
-                    _check_primitive(self, op):
+            if (owner is None or owner is not _get_running_loop()) and _check_primitive(self, op):
                 with _nested:
                     return orig(self, *args, **kwargs)
         return orig(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -378,6 +414,7 @@ def _loop_wrapper(orig: _F, op: str) -> _F:
             with _nested:
                 return orig(self, *args, **kwargs)
         return orig(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -395,6 +432,7 @@ def _get_loop_wrapper(orig: _F) -> _F:
                         pass
             return loop
         return orig(self)
+
     return _get_loop
 
 
@@ -407,6 +445,7 @@ def _uvloop_create_future(orig: _F) -> _F:
             with _nested:
                 return SanFuture(loop=self)
         return SanFuture(loop=self)
+
     return create_future
 
 
@@ -419,6 +458,7 @@ def _uvloop_create_task(orig: _F) -> _F:
             with _nested:
                 return _uvloop_make_task(self, orig, coro, kwargs)
         return _uvloop_make_task(self, orig, coro, kwargs)
+
     return create_task
 
 
@@ -441,6 +481,7 @@ def _uvloop_run_forever(orig: _F) -> _F:
             return orig(self)
         finally:
             setattr(self, _THREAD, None)
+
     return run_forever
 
 
@@ -473,6 +514,7 @@ def _uvloop() -> ModuleType | None:
     if importlib.util.find_spec("uvloop") is None:
         return None
     import uvloop
+
     return uvloop
 
 
@@ -515,7 +557,7 @@ def patch() -> None:
                 _set(cls, name, _loop_wrapper(orig, f"loop.{name}"))
         for name in _SELECTOR_METHODS:
             _set(cls, name, _loop_wrapper(getattr(cls, name), f"loop.{name}"))
-        _set(cls, "run_forever", _uvloop_run_forever(getattr(cls, "run_forever")))
+        _set(cls, "run_forever", _uvloop_run_forever(cls.run_forever))
 
 
 def unpatch() -> None:

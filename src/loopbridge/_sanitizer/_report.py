@@ -131,8 +131,12 @@ class _Emitter:
             raise SanitizerError(report)
         if count > 1:
             if policy == "log":
-                logger.debug("%s() misuse again at %s (%d times)",
-                             report.operation, report.call_site.where(), count)
+                logger.debug(
+                    "%s() misuse again at %s (%d times)",
+                    report.operation,
+                    report.call_site.where(),
+                    count,
+                )
             return
         if policy == "warn":
             site = report.call_site

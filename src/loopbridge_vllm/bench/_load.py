@@ -98,9 +98,13 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
             resp = await client.post("/v1/completions", json=body)
             t1 = time.perf_counter()
             if resp.status_code != 200:
-                return Sample(start, t1 - t0, t1 - t0, 0, f"HTTP {resp.status_code}: {resp.text[:200]}")
+                return Sample(
+                    start, t1 - t0, t1 - t0, 0, f"HTTP {resp.status_code}: {resp.text[:200]}"
+                )
             tokens = int(resp.json()["usage"]["completion_tokens"])
-            err = None if tokens == job.output_len else f"{tokens} tokens, expected {job.output_len}"
+            err = (
+                None if tokens == job.output_len else f"{tokens} tokens, expected {job.output_len}"
+            )
             return Sample(start, t1 - t0, t1 - t0, tokens, err)
         # Scanning raw bytes instead of decoding every event keeps the client
         # cheap: at high concurrency a per-event json.loads made the load
@@ -133,7 +137,9 @@ async def run_job(job: Job) -> tuple[float, list[Sample]]:
     """Run ``job`` with ``concurrency`` persistent workers; return (wall s, samples)."""
     import httpx
 
-    limits = httpx.Limits(max_connections=job.concurrency, max_keepalive_connections=job.concurrency)
+    limits = httpx.Limits(
+        max_connections=job.concurrency, max_keepalive_connections=job.concurrency
+    )
     samples: list[Sample] = []
     next_i = 0
     async with httpx.AsyncClient(base_url=job.url, timeout=job.timeout_s, limits=limits) as client:
@@ -170,7 +176,9 @@ class LoadProcess:
     def __init__(self) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, args=(child,), name="loopbridge-bench-load", daemon=True)
+        self._proc = ctx.Process(
+            target=_child, args=(child,), name="loopbridge-bench-load", daemon=True
+        )
         self._proc.start()
         child.close()
 

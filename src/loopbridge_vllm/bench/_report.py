@@ -44,14 +44,18 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((rec["concurrency"], rec["busy"], rec["mode"]), []).append(rec)
     rows: list[dict[str, Any]] = []
     order = {m: i for i, m in enumerate(MODE_COLORS)}
-    for (c, busy, mode), recs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], order.get(kv[0][2], 9))):
+    for (c, busy, mode), recs in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], kv[0][0], order.get(kv[0][2], 9))
+    ):
         ok = [s for r in recs for s in r["samples"] if s["error"] is None]
         errors = [s["error"] for r in recs for s in r["samples"] if s["error"] is not None]
         e2e = [s["e2e"] for s in ok]
         ttft = [s["ttft"] for s in ok]
         rates = [r["ok"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
         tok_rates = [r["tokens"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
-        p99_rounds = [percentile([s["e2e"] for s in r["samples"] if s["error"] is None], 99) for r in recs]
+        p99_rounds = [
+            percentile([s["e2e"] for s in r["samples"] if s["error"] is None], 99) for r in recs
+        ]
         rows.append(
             {
                 "scenario": _cell_key(c, busy),
@@ -86,9 +90,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r[f"p99_vs_{tag}"] = _ratio(r["e2e_p99"], b["e2e_p99"])
             r[f"ttft_p99_vs_{tag}"] = _ratio(r["ttft_p99"], b["ttft_p99"])
             r[f"rate_vs_{tag}"] = _ratio(r["rate_rps"], b["rate_rps"])
-            paired = [
-                _ratio(x, y) for x, y in zip(r["e2e_p99_rounds"], b["e2e_p99_rounds"])
-            ]
+            paired = [_ratio(x, y) for x, y in zip(r["e2e_p99_rounds"], b["e2e_p99_rounds"])]
             paired = [x for x in paired if not math.isnan(x)]
             r[f"p99_vs_{tag}_round_median"] = statistics.median(paired) if paired else math.nan
     return rows
@@ -130,7 +132,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if checks:
         lines += ["", "| scenario | target (loopbridge) | measured | met |", "|---|---|---|---|"]
         for c in checks:
-            lines.append(f"| {c['scenario']} | {c['what']} | {c['value']} | {'yes' if c['met'] else '**no**'} |")
+            lines.append(
+                f"| {c['scenario']} | {c['what']} | {c['value']} | {'yes' if c['met'] else '**no**'} |"
+            )
     return "\n".join(lines)
 
 
@@ -142,7 +146,9 @@ def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         sc = r["scenario"]
 
-        def add(what: str, value: float, limit: float, fmt: str = "{:.2f}x", ge: bool = False) -> None:
+        def add(
+            what: str, value: float, limit: float, fmt: str = "{:.2f}x", ge: bool = False
+        ) -> None:
             if math.isnan(value):
                 return
             met = value >= limit if ge else value <= limit
@@ -152,11 +158,20 @@ def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             add("p99 ≤ 1.05x unsafe", r.get("p99_vs_unsafe", math.nan), 1.05)
             add("req/s ≥ 0.98x unsafe", r.get("rate_vs_unsafe", math.nan), 0.98, ge=True)
         add("p99 ≤ 0.8x per-hop", r.get("p99_vs_perhop", math.nan), 0.8)
-        out.append({"scenario": sc, "what": "zero errors", "value": str(r["errors"]), "met": r["errors"] == 0})
+        out.append(
+            {
+                "scenario": sc,
+                "what": "zero errors",
+                "value": str(r["errors"]),
+                "met": r["errors"] == 0,
+            }
+        )
     return out
 
 
-def plot(records: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Path, title: str) -> list[Path]:
+def plot(
+    records: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Path, title: str
+) -> list[Path]:
     """latency_cdf.png (one panel per scenario) and latency_p99.png (p99 vs concurrency)."""
     import matplotlib
 
@@ -176,7 +191,9 @@ def plot(records: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Pat
             xs = sorted(
                 s["e2e"]
                 for rec in records
-                if not rec["warmup"] and rec["mode"] == mode and _cell_key(rec["concurrency"], rec["busy"]) == sc
+                if not rec["warmup"]
+                and rec["mode"] == mode
+                and _cell_key(rec["concurrency"], rec["busy"]) == sc
                 for s in rec["samples"]
                 if s["error"] is None
             )
@@ -190,7 +207,7 @@ def plot(records: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Pat
         ax.axhline(0.99, color="k", lw=0.5, ls=":")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
-    for ax in list(axes.flat)[len(scenarios):]:
+    for ax in list(axes.flat)[len(scenarios) :]:
         ax.set_visible(False)
     fig.suptitle(f"Latency CDF per mode: {title}")
     fig.tight_layout()
@@ -200,15 +217,38 @@ def plot(records: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Pat
     out.append(path)
 
     busy_kinds = sorted({r["busy"] for r in rows})
-    fig, axes = plt.subplots(1, len(busy_kinds), figsize=(6.2 * len(busy_kinds), 4.0), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(busy_kinds), figsize=(6.2 * len(busy_kinds), 4.0), squeeze=False
+    )
     for ax, busy in zip(axes.flat, busy_kinds):
         for mode in modes:
-            pts = sorted((r["concurrency"], r["e2e_p99"]) for r in rows if r["mode"] == mode and r["busy"] == busy)
+            pts = sorted(
+                (r["concurrency"], r["e2e_p99"])
+                for r in rows
+                if r["mode"] == mode and r["busy"] == busy
+            )
             if not pts:
                 continue
-            ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], marker="o", label=f"{mode} e2e", color=MODE_COLORS.get(mode))
-            tt = sorted((r["concurrency"], r["ttft_p99"]) for r in rows if r["mode"] == mode and r["busy"] == busy)
-            ax.plot([p[0] for p in tt], [p[1] * 1e3 for p in tt], marker="x", ls="--", label=f"{mode} TTFT", color=MODE_COLORS.get(mode))
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] * 1e3 for p in pts],
+                marker="o",
+                label=f"{mode} e2e",
+                color=MODE_COLORS.get(mode),
+            )
+            tt = sorted(
+                (r["concurrency"], r["ttft_p99"])
+                for r in rows
+                if r["mode"] == mode and r["busy"] == busy
+            )
+            ax.plot(
+                [p[0] for p in tt],
+                [p[1] * 1e3 for p in tt],
+                marker="x",
+                ls="--",
+                label=f"{mode} TTFT",
+                color=MODE_COLORS.get(mode),
+            )
         ax.set_title("busy owner loop" if busy else "idle owner loop")
         ax.set_xlabel("concurrency")
         ax.set_ylabel("p99 latency (ms)")

@@ -24,7 +24,9 @@ def _ints(text: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not vals or any(v < 1 for v in vals):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return vals
@@ -58,29 +60,99 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "run_coroutine_threadsafe hop per output) and loopbridge."
         ),
     )
-    ap.add_argument("--quick", action="store_true", help="a tiny run (smoke test): few requests, one round")
-    ap.add_argument("--requests", type=int, default=None, help="requests per mode, scenario and round (default 128)")
-    ap.add_argument("--concurrency", type=_ints, default=None, help="comma-separated (default 16,64)")
+    ap.add_argument(
+        "--quick", action="store_true", help="a tiny run (smoke test): few requests, one round"
+    )
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests per mode, scenario and round (default 128)",
+    )
+    ap.add_argument(
+        "--concurrency", type=_ints, default=None, help="comma-separated (default 16,64)"
+    )
     ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
-    ap.add_argument("--output-len", type=int, default=32, help="output tokens per request (default 32)")
-    ap.add_argument("--no-stream", dest="stream", action="store_false", help="non-streaming requests")
+    ap.add_argument(
+        "--output-len", type=int, default=32, help="output tokens per request (default 32)"
+    )
+    ap.add_argument(
+        "--no-stream", dest="stream", action="store_false", help="non-streaming requests"
+    )
     ap.add_argument("--rounds", type=int, default=None, help="measured rounds (default 4)")
     ap.add_argument("--warmup-rounds", type=int, default=1, help="discarded rounds (default 1)")
-    ap.add_argument("--modes", type=_modes, default=list(MODES), help="default unsafe,per-hop,loopbridge")
-    ap.add_argument("--busy", choices=("off", "on", "both"), default="both", help="busy-owner scenarios (default both)")
-    ap.add_argument("--busy-slice-ms", type=float, default=4.0, help="CPU slice on the owner loop (default 4)")
-    ap.add_argument("--busy-period-ms", type=float, default=10.0, help="one slice per period (default 10)")
-    ap.add_argument("--refit-every-s", type=float, default=1.0, help="pause/resume cycle period, 0 = none (default 1)")
+    ap.add_argument(
+        "--modes", type=_modes, default=list(MODES), help="default unsafe,per-hop,loopbridge"
+    )
+    ap.add_argument(
+        "--busy",
+        choices=("off", "on", "both"),
+        default="both",
+        help="busy-owner scenarios (default both)",
+    )
+    ap.add_argument(
+        "--busy-slice-ms", type=float, default=4.0, help="CPU slice on the owner loop (default 4)"
+    )
+    ap.add_argument(
+        "--busy-period-ms", type=float, default=10.0, help="one slice per period (default 10)"
+    )
+    ap.add_argument(
+        "--refit-every-s",
+        type=float,
+        default=1.0,
+        help="pause/resume cycle period, 0 = none (default 1)",
+    )
     ap.add_argument("--refit-pause-ms", type=float, default=50.0, help="pause length (default 50)")
-    ap.add_argument("--step-ms", type=float, default=None, help="stand-in engine step time, emulating a GPU (default 5)")
-    ap.add_argument("--model", type=Path, default=None, help="a local Hugging Face model directory: real model (GPU)")
-    ap.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE", help="extra AsyncEngineArgs (repeatable; VALUE is JSON or a string)")
-    ap.add_argument("--max-num-seqs", type=int, default=None, help="engine batch limit (default: max concurrency)")
-    ap.add_argument("--max-model-len", type=int, default=None, help="default 512 on the stand-in, the model's own otherwise")
-    ap.add_argument("--cache-dir", type=Path, default=Path(".cache"), help="tiny model and vLLM cache (default ./.cache)")
-    ap.add_argument("--out", type=Path, default=Path("results/latency"), help="output directory (default ./results/latency)")
-    ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds (default 120)")
-    ap.add_argument("--plots-dir", type=Path, default=None, help="where the PNG plots go (default: --out)")
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=None,
+        help="stand-in engine step time, emulating a GPU (default 5)",
+    )
+    ap.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a local Hugging Face model directory: real model (GPU)",
+    )
+    ap.add_argument(
+        "--engine-arg",
+        type=_engine_arg,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra AsyncEngineArgs (repeatable; VALUE is JSON or a string)",
+    )
+    ap.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="engine batch limit (default: max concurrency)",
+    )
+    ap.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="default 512 on the stand-in, the model's own otherwise",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(".cache"),
+        help="tiny model and vLLM cache (default ./.cache)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/latency"),
+        help="output directory (default ./results/latency)",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=120.0, help="per-request timeout in seconds (default 120)"
+    )
+    ap.add_argument(
+        "--plots-dir", type=Path, default=None, help="where the PNG plots go (default: --out)"
+    )
     ap.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     ap.add_argument("--seed", type=int, default=0)
@@ -158,7 +230,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # warm-up effects hit every mode alike.
                 k = (rnd + si) % len(modes)
                 for mode in modes[k:] + modes[:k]:
-                    bar.set_description(f"round {rnd + 1}/{total_rounds}{' (warm-up)' if warm else ''} c={c}{' busy' if busy else ''} {mode}")
+                    bar.set_description(
+                        f"round {rnd + 1}/{total_rounds}{' (warm-up)' if warm else ''} c={c}{' busy' if busy else ''} {mode}"
+                    )
                     job = Job(
                         url=stack.url(mode),
                         model=stack.served_name,
@@ -204,7 +278,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     elapsed = time.perf_counter() - t_start
     rows = summarize(records)
     meta: dict[str, Any] = {
-        "engine": "local model" if args.model is not None else "vLLM AsyncLLM with the CPU stand-in executor",
+        "engine": "local model"
+        if args.model is not None
+        else "vLLM AsyncLLM with the CPU stand-in executor",
         "model": str(args.model) if args.model is not None else "tiny (stand-in)",
         "step_ms": args.step_ms if args.model is None else None,
         "stream": args.stream,
@@ -278,7 +354,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.plots:
         plots_dir: Path = args.plots_dir or out
         plots_dir.mkdir(parents=True, exist_ok=True)
-        title = f"{'streaming' if args.stream else 'non-streaming'}, {args.output_len} output tokens"
+        title = (
+            f"{'streaming' if args.stream else 'non-streaming'}, {args.output_len} output tokens"
+        )
         written += plot(result["records"], result["rows"], plots_dir, title)
     print(table)
     print(f"\nwrote {', '.join(map(str, written))} ({result['meta']['elapsed_s']:.0f} s)")

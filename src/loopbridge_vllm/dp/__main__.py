@@ -17,8 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--ranks", type=int, default=2)
     c.add_argument("--requests", type=int, default=1)
     c.add_argument("--req-len", type=int, default=1, help="forwards a request needs")
-    c.add_argument("--when", choices=["any", "before", "during", "after"], default="any",
-                   help="when requests may be sent relative to the pause")
+    c.add_argument(
+        "--when",
+        choices=["any", "before", "during", "after"],
+        default="any",
+        help="when requests may be sent relative to the pause",
+    )
     c.add_argument("--pauses", type=int, default=1)
     c.add_argument("--mode", choices=["keep", "abort", "wait"], default="keep")
     c.add_argument("--weight-updates", type=int, default=1)
@@ -26,17 +30,27 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--duplicate-resume", action="store_true", help="same as --resumes 2")
     c.add_argument("--aborts", type=int, default=0, help="client aborts")
     c.add_argument("--sync-interval", type=int, default=2)
-    c.add_argument("--prompt-first-req", action="store_true",
-                   help="the stats task forwards FIRST_REQ at once (no starved task)")
+    c.add_argument(
+        "--prompt-first-req",
+        action="store_true",
+        help="the stats task forwards FIRST_REQ at once (no starved task)",
+    )
     c.add_argument("--max-states", type=int, default=2_000_000)
     c.add_argument("--no-heal-check", action="store_true")
     a = p.parse_args(argv)
     try:
         cfg = Config(
-            VARIANTS[a.variant], ranks=a.ranks, requests=a.requests, req_len=a.req_len,
-            pauses=a.pauses, weight_updates=a.weight_updates,
-            resumes=2 if a.duplicate_resume else a.resumes, mode=a.mode,
-            sync_interval=a.sync_interval, aborts=a.aborts, when=a.when,
+            VARIANTS[a.variant],
+            ranks=a.ranks,
+            requests=a.requests,
+            req_len=a.req_len,
+            pauses=a.pauses,
+            weight_updates=a.weight_updates,
+            resumes=2 if a.duplicate_resume else a.resumes,
+            mode=a.mode,
+            sync_interval=a.sync_interval,
+            aborts=a.aborts,
+            when=a.when,
             prompt_first_req=a.prompt_first_req,
         )
     except ValueError as e:

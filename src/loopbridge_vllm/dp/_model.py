@@ -101,20 +101,36 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant("a", "pre two-phase: idle fast-path pause", True, "none", True,
-                "v032", False, "local"),
-        Variant("b", "(a) + ignore START_DP_WAVE while paused", True,
-                "pause_state", True, "v032", False, "local"),
-        Variant("c", "vLLM 0.32.0 as installed", False, "latch", True, "v032",
-                False, "barrier"),
-        Variant("c33", "vLLM 0.33.0 two-phase", False, "latch", False, "v033",
-                True, "barrier"),
-        Variant("d", "(c) + idempotent resume", False, "latch", True, "v032",
-                False, "idempotent"),
-        Variant("d33", "(c33) + idempotent resume", False, "latch", False,
-                "v033", True, "idempotent"),
-        Variant("e", "vLLM 0.32.0 + pause-aware filter", False, "latch", True,
-                "v032", False, "barrier", filtered=True),
+        Variant(
+            "a", "pre two-phase: idle fast-path pause", True, "none", True, "v032", False, "local"
+        ),
+        Variant(
+            "b",
+            "(a) + ignore START_DP_WAVE while paused",
+            True,
+            "pause_state",
+            True,
+            "v032",
+            False,
+            "local",
+        ),
+        Variant("c", "vLLM 0.32.0 as installed", False, "latch", True, "v032", False, "barrier"),
+        Variant("c33", "vLLM 0.33.0 two-phase", False, "latch", False, "v033", True, "barrier"),
+        Variant("d", "(c) + idempotent resume", False, "latch", True, "v032", False, "idempotent"),
+        Variant(
+            "d33", "(c33) + idempotent resume", False, "latch", False, "v033", True, "idempotent"
+        ),
+        Variant(
+            "e",
+            "vLLM 0.32.0 + pause-aware filter",
+            False,
+            "latch",
+            True,
+            "v032",
+            False,
+            "barrier",
+            filtered=True,
+        ),
     )
 }
 
@@ -307,9 +323,7 @@ class Config:
         """Whether the request window is open at this point of the script."""
         if self.when == "any" or not self.script:
             return True
-        first_resume = next(
-            (u.op for u in self.script if u.method == "resume"), len(self.script)
-        )
+        first_resume = next((u.op for u in self.script if u.method == "resume"), len(self.script))
         if self.when == "before":
             return stage == 0
         if self.when == "during":
@@ -465,9 +479,7 @@ def after_forward(v: Variant, idx: int, r: Rank, interval: int) -> tuple[Rank, E
         reqs: list[Req] = []
         done: list[tuple[int, int]] = []
         for q in r.reqs:
-            scheduled = r.pause == Pause.UNPAUSED or (
-                r.pause == Pause.PAUSED_NEW and q.started
-            )
+            scheduled = r.pause == Pause.UNPAUSED or (r.pause == Pause.PAUSED_NEW and q.started)
             if not scheduled:
                 reqs.append(q)
             elif q.remaining <= 1:
@@ -539,8 +551,9 @@ def filter_message(v: Variant, r: Rank, msg: InMsg) -> Decision:
     if not v.filtered:
         return Decision.DELIVER
     if isinstance(msg, Utility):
-        method = {"pause": v.pause_method, "resume": "resume_scheduler",
-                  "rpc": "collective_rpc"}[msg.method]
+        method = {"pause": v.pause_method, "resume": "resume_scheduler", "rpc": "collective_rpc"}[
+            msg.method
+        ]
         return decide("UTILITY", method, filter_view(r))
     if isinstance(msg, StartDPWave):
         return decide("START_DP_WAVE", None, filter_view(r))
@@ -554,7 +567,7 @@ Label = tuple[str, str]  # (actor, what happened)
 
 
 def _apply(w: World, idx: int, r: Rank, eff: Effects) -> World:
-    ranks = w.ranks[:idx] + (r,) + w.ranks[idx + 1:]
+    ranks = w.ranks[:idx] + (r,) + w.ranks[idx + 1 :]
     return _effects(replace(w, ranks=ranks), idx, eff)
 
 
@@ -651,8 +664,12 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
             d = filter_message(v, r2, msg)
             if d is Decision.HOLD:
                 if chan != "held":
-                    out.append(((f"r{i}", f"filter holds {_describe(msg)}"),
-                                _apply(w, i, replace(r2, held=r2.held + (msg,)), NO_EFFECTS)))
+                    out.append(
+                        (
+                            (f"r{i}", f"filter holds {_describe(msg)}"),
+                            _apply(w, i, replace(r2, held=r2.held + (msg,)), NO_EFFECTS),
+                        )
+                    )
                 continue
             if d is Decision.DROP:
                 eff = Effects(replies=((msg.op, True),)) if isinstance(msg, Utility) else NO_EFFECTS
@@ -669,7 +686,9 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
             nr = begin_step(r)
             assert nr.blocked is not None
             what = "real fwd" if nr.blocked.real else "dummy fwd"
-            out.append(((f"r{i}", f"enter {what} (step {r.step + 1})"), _apply(w, i, nr, NO_EFFECTS)))
+            out.append(
+                ((f"r{i}", f"enter {what} (step {r.step + 1})"), _apply(w, i, nr, NO_EFFECTS))
+            )
 
     c, co = w.client, w.coord
     # Coordinator.
@@ -687,7 +706,7 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
         if not co.back[e]:
             continue
         m = co.back[e][0]
-        back = co.back[:e] + (co.back[e][1:],) + co.back[e + 1:]
+        back = co.back[:e] + (co.back[e][1:],) + co.back[e + 1 :]
         nco = replace(co, back=back)
         text = f"{_describe(m)} from r{e}"
         bcast: StartDPWave | None = None
@@ -708,25 +727,37 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
     # A periodic publication matters only when it tells the client something new.
     view = c.pub[-1] if c.pub else Publication(c.wave, c.running)
     if view != Publication(co.wave, co.running):
-        out.append((("coord", f"publish w{co.wave} run={int(co.running)}"),
-                    replace(w, client=_publish(c, co))))
+        out.append(
+            (
+                ("coord", f"publish w{co.wave} run={int(co.running)}"),
+                replace(w, client=_publish(c, co)),
+            )
+        )
 
     # Client: script, stats task, optional requests and aborts.
     if not c.waiting and c.stage < len(cfg.script):
         u = cfg.script[c.stage]
-        nw = replace(w, ranks=tuple(replace(r, cin=r.cin + (u,)) for r in w.ranks),
-                     client=replace(c, stage=c.stage + 1, waiting=frozenset(range(n))))
+        nw = replace(
+            w,
+            ranks=tuple(replace(r, cin=r.cin + (u,)) for r in w.ranks),
+            client=replace(c, stage=c.stage + 1, waiting=frozenset(range(n))),
+        )
         out.append((("client", f"send {_describe(u)} to all"), nw))
     if c.first_req:
         e = c.first_req[0]
         nc = replace(c, first_req=c.first_req[1:], running=True)
         nco = replace(co, front=co.front + (FirstReq(e, c.wave),))
-        out.append((("client", f"stats task: FIRST_REQ e{e} w{c.wave}"),
-                    replace(w, client=nc, coord=nco)))
+        out.append(
+            (("client", f"stats task: FIRST_REQ e{e} w{c.wave}"), replace(w, client=nc, coord=nco))
+        )
     if c.pub:
         p = c.pub[0]
-        out.append((("client", f"stats task: got w{p.wave} run={int(p.running)}"),
-                    replace(w, client=replace(c, pub=c.pub[1:], wave=p.wave, running=p.running))))
+        out.append(
+            (
+                ("client", f"stats task: got w{p.wave} run={int(p.running)}"),
+                replace(w, client=replace(c, pub=c.pub[1:], wave=p.wave, running=p.running)),
+            )
+        )
     out.extend(_optional_client(cfg, w))
     return out
 
@@ -739,8 +770,8 @@ def _optional_client(cfg: Config, w: World) -> list[tuple[Label, World]]:
     req = next((i for i, s in enumerate(c.req_status) if s == UNSENT), None)
     if req is not None and cfg.may_send(c.stage, bool(c.waiting)):
         for e in range(cfg.ranks):
-            st = c.req_status[:req] + (IN_ENGINE,) + c.req_status[req + 1:]
-            rk = c.req_rank[:req] + (e,) + c.req_rank[req + 1:]
+            st = c.req_status[:req] + (IN_ENGINE,) + c.req_status[req + 1 :]
+            rk = c.req_rank[:req] + (e,) + c.req_rank[req + 1 :]
             nc = replace(c, req_status=st, req_rank=rk)
             fr = ""
             coord = w.coord
@@ -753,18 +784,26 @@ def _optional_client(cfg: Config, w: World) -> list[tuple[Label, World]]:
                     nc = replace(nc, first_req=nc.first_req + (e,))
                     fr = " +FIRST_REQ"
             r = w.ranks[e]
-            ranks = w.ranks[:e] + (replace(r, cin=r.cin + (Add(req, c.wave),)),) + w.ranks[e + 1:]
-            out.append((("client", f"ADD r{req} w{c.wave} -> e{e}{fr}"),
-                        replace(w, ranks=ranks, client=nc, coord=coord)))
+            ranks = w.ranks[:e] + (replace(r, cin=r.cin + (Add(req, c.wave),)),) + w.ranks[e + 1 :]
+            out.append(
+                (
+                    ("client", f"ADD r{req} w{c.wave} -> e{e}{fr}"),
+                    replace(w, ranks=ranks, client=nc, coord=coord),
+                )
+            )
     if c.aborts_left:
         for req, s in enumerate(c.req_status):
             if s != IN_ENGINE:
                 continue
             e = c.req_rank[req]
             r = w.ranks[e]
-            ranks = w.ranks[:e] + (replace(r, cin=r.cin + (Abort(req),)),) + w.ranks[e + 1:]
-            out.append((("client", f"ABORT r{req} -> e{e}"),
-                        replace(w, ranks=ranks, client=replace(c, aborts_left=c.aborts_left - 1))))
+            ranks = w.ranks[:e] + (replace(r, cin=r.cin + (Abort(req),)),) + w.ranks[e + 1 :]
+            out.append(
+                (
+                    ("client", f"ABORT r{req} -> e{e}"),
+                    replace(w, ranks=ranks, client=replace(c, aborts_left=c.aborts_left - 1)),
+                )
+            )
     return out
 
 
@@ -869,10 +908,20 @@ def _shift_waves(w: World) -> World:
 def _rank_key(r: Rank) -> tuple[int, ...]:
     b = r.blocked
     return (
-        r.running, r.was_running, r.wave, r.step, int(r.pause), r.pending_pause,
-        r.ignore_wave, r.reject_new, len(r.reqs), len(r.callbacks),
+        r.running,
+        r.was_running,
+        r.wave,
+        r.step,
+        int(r.pause),
+        r.pending_pause,
+        r.ignore_wave,
+        r.reject_new,
+        len(r.reqs),
+        len(r.callbacks),
         -1 if b is None else ("fwd", "sync", "barrier", "rpc").index(b.kind),
-        len(r.cin), len(r.coin), len(r.held),
+        len(r.cin),
+        len(r.coin),
+        len(r.held),
         sum(q.remaining for q in r.reqs),
     )
 

@@ -17,7 +17,8 @@ The wrapper asks :func:`._filter.decide` about each message:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ._filter import Decision, FilterView, MessageKind, decide
 
@@ -47,7 +48,9 @@ def _classify(request_type: Any, request: Any) -> tuple[MessageKind, str | None]
     if request_type == T.UTILITY:
         return "UTILITY", str(request[2])
     kinds: dict[Any, MessageKind] = {
-        T.ADD: "ADD", T.ABORT: "ABORT", T.START_DP_WAVE: "START_DP_WAVE"
+        T.ADD: "ADD",
+        T.ABORT: "ABORT",
+        T.START_DP_WAVE: "START_DP_WAVE",
     }
     return kinds.get(request_type, "OTHER"), None
 
@@ -129,7 +132,7 @@ def install_filter() -> bool:
     current = vars(DPEngineCoreProc)["_handle_client_request"]
     if hasattr(current, _ORIGINAL_ATTR):
         return True
-    setattr(DPEngineCoreProc, "_handle_client_request", _make_wrapper(current))
+    DPEngineCoreProc._handle_client_request = _make_wrapper(current)
     return True
 
 
@@ -140,7 +143,7 @@ def uninstall_filter() -> None:
     current = vars(DPEngineCoreProc)["_handle_client_request"]
     original = getattr(current, _ORIGINAL_ATTR, None)
     if original is not None:
-        setattr(DPEngineCoreProc, "_handle_client_request", original)
+        DPEngineCoreProc._handle_client_request = original
 
 
 def is_installed() -> bool:
