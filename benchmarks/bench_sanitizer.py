@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from loopbridge._sanitizer import sanitize
+from loopbridge.sanitizer import sanitize
 
 
 async def ping_pong(pairs: int, rounds: int) -> int:

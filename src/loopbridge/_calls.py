@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 from ._diagnose import submission_site, tracing
 from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._errors import LoopAffinityError
-from ._metrics import Stats
+from ._labels import thread_name as _thread_name
+from ._metrics import Metrics
 from ._ports import LIVENESS_INTERVAL, Port, get_running_loop, running_port
 
 if TYPE_CHECKING:
@@ -55,11 +56,6 @@ def annotate(exc: BaseException, what: str, owner: Port) -> None:
         exc.add_note(note)
     else:  # pragma: no cover - 3.10
         exc.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined, unused-ignore]
-
-
-def _thread_name(ident: int) -> str:
-    thread = threading._active.get(ident)  # type: ignore[attr-defined, unused-ignore]
-    return thread.name if thread is not None else f"thread {ident}"
 
 
 class Call:
@@ -94,7 +90,7 @@ class Call:
         kwargs: dict[str, Any],
         what: str,
         own: Any,
-        stats: Stats,
+        stats: Metrics,
         eager: bool = False,
     ) -> None:
         self.eager = eager
@@ -284,7 +280,7 @@ async def call_from_loop(
     kwargs: dict[str, Any],
     what: str,
     own: Any,
-    stats: Stats,
+    stats: Metrics,
     grace: float,
     eager: bool = False,
 ) -> Any:
@@ -348,7 +344,7 @@ def call_from_thread(
     kwargs: dict[str, Any],
     what: str,
     own: Any,
-    stats: Stats,
+    stats: Metrics,
     grace: float,
     eager: bool = False,
 ) -> Any:
@@ -406,7 +402,7 @@ async def call_from_trio(
     kwargs: dict[str, Any],
     what: str,
     own: Any,
-    stats: Stats,
+    stats: Metrics,
     grace: float,
     eager: bool = False,
 ) -> Any:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import IO, Any, Union
 
+from ._labels import thread_name
 from ._ports import Port, _ports, _registry_lock
 
 __all__ = [
@@ -125,8 +126,7 @@ def _owner_thread(port: Port, frames: dict[int, FrameType]) -> tuple[str | None,
     ident = getattr(port.loop, "_thread_id", None) or port.thread_id
     if ident is None:
         return None, None
-    thread = threading._active.get(ident)  # type: ignore[attr-defined]
-    name = thread.name if thread is not None else f"thread {ident}"
+    name = thread_name(ident)
     frame = frames.get(ident)
     return name, (_where(frame) if frame is not None else None)
 

@@ -18,6 +18,8 @@ import time
 import weakref
 from typing import Any
 
+from ._construction import NoPublicConstructor
+from ._labels import loop_label
 from ._metrics import Histogram
 from ._ports import get_running_loop
 
@@ -29,7 +31,7 @@ DEFAULT_INTERVAL = 0.05
 _perf = time.perf_counter
 
 
-class LagMonitor:
+class LagMonitor(metaclass=NoPublicConstructor):
     """Measures the scheduling lag of one asyncio loop (uvloop included).
 
     Created by :func:`monitor_lag`.  Readable from any thread: :attr:`max_s`,
@@ -37,6 +39,8 @@ class LagMonitor:
     its p50/p99 bounds).  Stop it with :meth:`stop` or by using it as a context
     manager.
     """
+
+    _lb_factory = "loopbridge.metrics.monitor_lag()"
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float, name: str) -> None:
         self.loop = loop
@@ -142,7 +146,7 @@ def monitor_lag(
     """Start measuring the scheduling lag of ``loop`` (default: the running loop).
 
     Callable from any thread; the probe starts once the loop runs.  ``name``
-    labels the loop in :func:`loopbridge.metrics_snapshot` and Prometheus
+    labels the loop in :func:`loopbridge.metrics.snapshot` and Prometheus
     (default: ``"<kind> loop 0x<id>"``).  A running monitor is reported until it
     is stopped or its loop closes; keep the handle to read it directly.
     """
@@ -157,8 +161,8 @@ def monitor_lag(
     if loop.is_closed():
         raise ValueError(f"cannot monitor {loop!r}: it is closed")
     if name is None:
-        name = f"{type(loop).__module__.split('.')[0]} loop 0x{id(loop):x}"
-    mon = LagMonitor(loop, float(interval), name)
+        name = loop_label(loop)
+    mon = LagMonitor._create(loop, float(interval), name)
     _monitors.add(mon)
     if get_running_loop() is loop:
         mon._arm()

@@ -1,6 +1,6 @@
 """Counters and latency histograms for calls and streams across loops.
 
-Each loop-affine object has one :class:`Stats` (shared by all its proxies).  The
+Each loop-affine object has one :class:`Metrics` (shared by all its proxies).  The
 hot path must stay far below the cost of a cross-thread hop (about 20 µs), so
 recording is split:
 
@@ -30,8 +30,10 @@ import weakref
 from collections import deque
 from typing import Any
 
+from ._construction import NoPublicConstructor
+
 __all__ = [
-    "Stats",
+    "Metrics",
     "Histogram",
     "Totals",
     "BUCKETS",
@@ -141,7 +143,7 @@ class Histogram:
 
 
 class Totals:
-    """Plain numbers read from one or more :class:`Stats`; can be summed."""
+    """Plain numbers read from one or more :class:`Metrics`; can be summed."""
 
     __slots__ = ("calls", "streams", "admission", "run", "returned", "batch_size")
 
@@ -252,7 +254,7 @@ def _fold_latencies(
 
 
 class _Data:
-    """What one :class:`Stats` records.  Holds no reference to the Stats, so it
+    """What one :class:`Metrics` records.  Holds no reference to the Metrics, so it
     can outlive it and be retired into the per-name totals."""
 
     __slots__ = (
@@ -315,11 +317,12 @@ class _Data:
         return t
 
 
-class Stats:
+class Metrics(metaclass=NoPublicConstructor):
     """Counters and latency histograms of one loop-affine object.
 
-    The recording methods are called by the core from any thread; read with
-    :meth:`snapshot`.
+    Get it with :func:`loopbridge.metrics.metrics_of`; read it with
+    :meth:`snapshot` or :meth:`totals`.  The recording methods are called by
+    the core from any thread.
     """
 
     __slots__ = (
@@ -327,6 +330,7 @@ class Stats:
         "_opened", "_s_ok", "_s_errors", "_s_cancelled", "_s_closes", "_samples",
         "_sizes", "__weakref__",
     )  # fmt: skip
+    _lb_factory = "loopbridge.metrics.metrics_of(proxy)"
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -341,7 +345,7 @@ class Stats:
         _live[ref] = (name, d)
 
     def __repr__(self) -> str:
-        return f"<loopbridge Stats of {self.name}>"
+        return f"<loopbridge metrics of {self.name}>"
 
     # -- calls (any thread) -------------------------------------------------
     def submitted(self) -> None:
@@ -407,13 +411,13 @@ class Stats:
 
 
 # ------------------------------------------------------------------ registry
-_live: dict[weakref.ref[Stats], tuple[str, _Data]] = {}
+_live: dict[weakref.ref[Metrics], tuple[str, _Data]] = {}
 _dead: deque[tuple[str, _Data]] = deque()
 _retired: dict[str, Totals] = {}
 _retired_lock = threading.Lock()
 
 
-def _retire(ref: weakref.ref[Stats]) -> None:
+def _retire(ref: weakref.ref[Metrics]) -> None:
     # A weakref callback can run inside any allocation, even one made while a
     # lock below is held: do nothing here but atomic moves.
     entry = _live.pop(ref, None)
@@ -455,10 +459,10 @@ def totals_by_name() -> dict[str, Totals]:
 def snapshot() -> dict[str, Any]:
     """Process-wide numbers: totals, per object name, and per monitored loop.
 
-    The totals' fields are those of :meth:`Stats.snapshot`, plus ``"objects"``
+    The totals' fields are those of :meth:`Metrics.snapshot`, plus ``"objects"``
     (``{name: fields}``; objects of the same class share a name, and objects
     that were garbage collected stay counted under theirs) and ``"loops"`` (one
-    entry per running :func:`~loopbridge.monitor_lag` monitor).
+    entry per running :func:`~loopbridge.metrics.monitor_lag` monitor).
     """
     by_name = totals_by_name()
     total = Totals()

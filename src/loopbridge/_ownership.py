@@ -23,7 +23,7 @@ from typing import Any, TypeVar, overload
 
 from ._codegen import build
 from ._errors import LoopAffinityError, OwnerLoopClosed
-from ._metrics import Stats
+from ._metrics import Metrics
 from ._ports import Port, get_running_loop, port_for_loop, rearm
 
 __all__ = [
@@ -83,7 +83,7 @@ class Ownership:
         self.threadsafe = threadsafe
         self._lock = threading.Lock()
         self.name = name
-        self.stats = Stats(name)
+        self.stats = Metrics._create(name)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:

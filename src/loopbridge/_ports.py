@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ._errors import OwnerLoopClosed
+from ._labels import loop_label as _loop_label
 
 __all__ = ["Port", "InFlight", "port_for_loop", "running_port", "get_running_loop", "rearm"]
 
@@ -342,8 +343,3 @@ def running_port(loop: asyncio.AbstractEventLoop) -> Port:
     # (its keeper may have been cancelled by a cancel-all sweep).
     _retired.discard(loop)
     return port_for_loop(loop)
-
-
-def _loop_label(loop: Any) -> str:
-    kind = type(loop).__module__.split(".")[0]
-    return f"{kind} loop 0x{id(loop):x}"

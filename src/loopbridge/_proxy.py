@@ -17,7 +17,8 @@ from typing import Any, Generic, TypeVar, cast
 from ._calls import call_from_loop, call_from_thread, call_from_trio
 from ._codegen import build
 from ._errors import LoopAffinityError
-from ._metrics import Stats
+from ._construction import NoPublicConstructor
+from ._metrics import Metrics
 from ._ownership import MemberKind, Ownership, classify, original, ownership_of
 from ._ports import get_running_loop
 
@@ -31,7 +32,7 @@ __all__ = [
     "Blocking",
     "is_proxy",
     "unwrap",
-    "stats_of",
+    "metrics_of",
     "DEFAULT_WINDOW",
     "DEFAULT_GRACE",
 ]
@@ -115,7 +116,7 @@ async def _dispatch(
 ) -> Any:
     """Decide the caller kind when the coroutine runs, not when it is created."""
     own: Ownership = self._lb_own
-    stats: Stats = self._lb_stats
+    stats: Metrics = self._lb_stats
     grace: float = self._lb_grace
     loop = get_running_loop()
     if loop is not None:
@@ -329,7 +330,7 @@ def unwrap(obj: T) -> T:
     return obj
 
 
-def stats_of(p: object) -> Stats:
+def metrics_of(p: object) -> Metrics:
     """The metrics of the object behind a proxy (shared by all its proxies)."""
     if not getattr(type(p), "__loopbridge_proxy__", False):
         raise TypeError(f"expected a loopbridge proxy, got {type(p).__qualname__}")
@@ -337,7 +338,7 @@ def stats_of(p: object) -> Stats:
 
 
 # ------------------------------------------------------------- blocking face
-class Blocking(Generic[T]):
+class Blocking(Generic[T], metaclass=NoPublicConstructor):
     """The face of a loop-affine object for plain threads.
 
     Async methods become blocking calls; async generator methods become blocking
@@ -348,6 +349,7 @@ class Blocking(Generic[T]):
     """
 
     __slots__ = ("_lb_proxy", "_lb_members")
+    _lb_factory = "loopbridge.blocking()"
 
     def __init__(self, p: T) -> None:
         object.__setattr__(self, "_lb_proxy", p)
@@ -365,7 +367,7 @@ class Blocking(Generic[T]):
         fn = getattr(raw, "__wrapped__", None)
         own: Ownership = object.__getattribute__(p, "_lb_own")
         target = object.__getattribute__(p, "_lb_target")
-        stats: Stats = object.__getattribute__(p, "_lb_stats")
+        stats: Metrics = object.__getattribute__(p, "_lb_stats")
         grace: float = object.__getattribute__(p, "_lb_grace")
         eager: bool = object.__getattribute__(p, "_lb_eager")
         window: int = object.__getattribute__(p, "_lb_window")
@@ -382,7 +384,7 @@ class Blocking(Generic[T]):
 
             def iterate(*args: Any, **kwargs: Any) -> Any:
                 ch = Channel(fn, (target, *args), kwargs, what, own, window, stats)
-                return BlockingStream(ch, grace)
+                return BlockingStream._create(ch, grace)
 
             member = iterate
         else:
@@ -402,4 +404,4 @@ def blocking(p: T) -> Blocking[T]:
     """The blocking face of a proxy (or of a loop-affine object) for plain threads."""
     if not getattr(type(p), "__loopbridge_proxy__", False):
         p = proxy(p)
-    return Blocking(p)
+    return cast("Blocking[T]", Blocking._create(p))

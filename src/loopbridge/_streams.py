@@ -32,11 +32,13 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from ._calls import _thread_name, annotate
+from ._calls import annotate
+from ._construction import NoPublicConstructor
 from ._diagnose import submission_site, tracing
 from ._eager import start_task
 from ._errors import LoopAffinityError
-from ._metrics import Stats
+from ._labels import thread_name as _thread_name
+from ._metrics import Metrics
 from ._ports import LIVENESS_INTERVAL, Port, get_running_loop, running_port
 
 __all__ = ["RemoteStream", "BlockingStream", "Channel"]
@@ -92,7 +94,7 @@ class Channel:
         what: str,
         own: Any,
         window: int,
-        stats: Stats,
+        stats: Metrics,
     ) -> None:
         if window < 1:
             raise ValueError(f"stream window must be at least 1, not {window}")
@@ -538,10 +540,11 @@ def _set_none(fut: asyncio.Future[None]) -> None:
 
 
 # ------------------------------------------------------------- thread consumer
-class BlockingStream(Generic[Y]):
+class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
     """A blocking iterator over an owner-side async generator, for plain threads."""
 
     __slots__ = ("_ch", "_taken", "_lock", "_grace", "_started", "__weakref__")
+    _lb_factory = "an async generator method of a loopbridge.blocking() face"
 
     def __init__(self, ch: Channel, grace: float) -> None:
         self._ch = ch

@@ -13,7 +13,7 @@ For ``b = blocking(p)`` where ``p`` is (a proxy of) a ``T``:
   ``def (x: int) -> R``: the same parameters, called without ``await``;
 * an async generator method returning ``AsyncIterator[Y]`` (or
   ``AsyncGenerator[Y, S]``, ``AsyncIterable[Y]``) is typed as a callable with the
-  same parameters returning :class:`loopbridge._streams.BlockingStream` ``[Y]``;
+  same parameters returning :class:`loopbridge.BlockingStream` ``[Y]``;
 * every other member keeps the type it has on ``T``; a name ``T`` lacks is an
   ``attr-defined`` error, as it is on ``T`` itself.
 
@@ -171,7 +171,8 @@ def _stream_of(ret: ProperType, api: TypeChecker) -> Type:
                 if mapped.args:
                     item = mapped.args[0]
                 break
-    # Looked up by module: loopbridge/__init__ does not import _streams by name.
+    # Looked up where it is defined (mypy records the defining module); found
+    # whenever the checked code imports loopbridge, as it must to call blocking().
     module_name, _, class_name = _STREAM.rpartition(".")
     module = api.modules.get(module_name)
     sym = module.names.get(class_name) if module is not None else None

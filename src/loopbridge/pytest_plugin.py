@@ -11,23 +11,21 @@ Under ``raise`` a test with any misuse fails, even when the
 :class:`SanitizerError` was raised in another thread or swallowed by an event
 loop's exception handler: the plugin checks what was reported during the test.
 
-The sanitizer module is imported only when something turns it on, so the plugin
-costs nothing to suites that do not use it.
+The sanitizer's patches are imported and applied only when something turns it
+on, so the plugin costs nothing to suites that do not use it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
 
 import pytest
 
-if TYPE_CHECKING:
-    from ._sanitizer import Policy
+from .sanitizer import Policy, sanitize
+from .sanitizer._report import POLICIES
 
-_POLICIES = ("raise", "warn", "log", "off")
-_SESSION = pytest.StashKey["sanitize"]()
-_POLICY = pytest.StashKey["Policy"]()
+_SESSION = pytest.StashKey[sanitize]()
+_POLICY = pytest.StashKey[Policy]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--loopbridge-sanitize",
         dest="loopbridge_sanitize",
         default=None,
-        choices=_POLICIES,
+        choices=POLICIES,
         metavar="POLICY",
         help="run every test under the loopbridge affinity sanitizer: "
         "raise, warn, log or off (default: the loopbridge_sanitize ini option)",
@@ -50,9 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _policy(value: object, where: str) -> Policy:
     text = str(value).strip().lower()
-    if text not in _POLICIES:
-        raise pytest.UsageError(f"{where}: expected one of {', '.join(_POLICIES)}, got {value!r}")
-    return cast("Policy", text)
+    if text not in POLICIES:
+        raise pytest.UsageError(f"{where}: expected one of {', '.join(POLICIES)}, got {value!r}")
+    return text
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,8 +67,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_POLICY] = policy
     if policy != "off":
-        from ._sanitizer import sanitize
-
         block = sanitize(policy)
         block.__enter__()
         config.stash[_SESSION] = block
@@ -94,8 +90,6 @@ def _loopbridge_sanitizer(request: pytest.FixtureRequest) -> Iterator[None]:
     if policy == "off" and request.config.stash.get(_SESSION, None) is None:
         yield
         return
-    from ._sanitizer import sanitize
-
     with sanitize(policy) as block:
         yield
     if policy == "raise" and block.reports:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import loopbridge as lb
+import loopbridge.metrics
 
 from .conftest import Engine, tasks_on
 
@@ -101,7 +102,7 @@ def test_backpressure_suspends_the_producer(asyncio_owner: lb.LoopThread) -> Non
 def test_items_are_handed_over_in_batches(asyncio_owner: lb.LoopThread) -> None:
     engine = asyncio_owner.run(_make)
     p = lb.proxy(engine, stream_window=4096)
-    stats = lb.stats_of(p)
+    stats = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         n = 0

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import loopbridge as lb
+import loopbridge.metrics
 
 from .conftest import Engine, tasks_on
 
@@ -69,7 +70,7 @@ def test_many_loops_and_threads_at_once(owner: lb.LoopThread, engine: Engine) ->
         t.join(120)
     assert not errors, errors[:3]
     assert not tasks_on(owner.loop)
-    snap = lb.stats_of(p).snapshot()
+    snap = lb.metrics.metrics_of(p).snapshot()
     assert snap["in_flight"] == 0, snap
 
 
@@ -147,6 +148,6 @@ def test_random_interleavings_leave_nothing_behind(ops: list[tuple[Any, ...]]) -
                     break
                 threading.Event().wait(0.02)
             assert not tasks_on(owner.loop)
-            assert lb.stats_of(p).snapshot()["in_flight"] == 0
+            assert lb.metrics.metrics_of(p).snapshot()["in_flight"] == 0
     finally:
         owner.stop()

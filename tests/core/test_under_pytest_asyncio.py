@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 import loopbridge as lb
+import loopbridge.metrics
 
 from .conftest import Engine
 
@@ -36,4 +37,4 @@ async def test_object_owned_by_the_test_loop_goes_straight_through() -> None:
     p = lb.proxy(e)
     assert lb.owner_loop(e) is asyncio.get_running_loop()
     assert await p.echo(5) == 5
-    assert lb.stats_of(p).snapshot()["calls"] == 0  # no call crossed a loop
+    assert lb.metrics.metrics_of(p).snapshot()["calls"] == 0  # no call crossed a loop

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import loopbridge as lb
-from loopbridge._diagnose import record_submission_sites
+from loopbridge.metrics import record_submission_sites
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import loopbridge as lb
-from loopbridge._diagnose import (
+from loopbridge.metrics import (
     dump_inflight,
     format_inflight,
     install_hang_dump,

@@ -8,8 +8,7 @@ import time
 import pytest
 
 import loopbridge as lb
-from loopbridge._lag import monitor_lag
-from loopbridge._metrics import snapshot
+from loopbridge.metrics import monitor_lag, snapshot
 
 
 def _wait_for_samples(mon: object, n: int) -> None:

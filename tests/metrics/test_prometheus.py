@@ -11,8 +11,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import loopbridge as lb
-from loopbridge._lag import monitor_lag
-from loopbridge.prometheus import LoopbridgeCollector
+import loopbridge.metrics
+from loopbridge.metrics import monitor_lag
+from loopbridge.metrics.prometheus import LoopbridgeCollector
 
 
 @lb.loop_affine
@@ -107,7 +108,7 @@ def test_collector_reports_real_calls_streams_and_lag(asyncio_owner: lb.LoopThre
 
     # Histograms: one admission sample per call and stream, one run sample per
     # call, cumulative buckets ending in +Inf == count, sums agree with snapshot.
-    snap = lb.stats_of(p).snapshot()
+    snap = lb.metrics.metrics_of(p).snapshot()
     assert value(s, "loopbridge_admission_seconds_count", object=OBJ) == 32
     assert value(s, "loopbridge_run_seconds_count", object=OBJ) == 31
     assert value(s, "loopbridge_return_seconds_count", object=OBJ) == 31

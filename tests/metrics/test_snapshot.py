@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import loopbridge as lb
-from loopbridge._metrics import snapshot
+import loopbridge.metrics
+from loopbridge.metrics import snapshot
 
 
 def make_engine_class() -> type:
@@ -57,7 +58,7 @@ def build(owner: lb.LoopThread, cls: type) -> Any:
 def test_call_outcomes_are_counted_exactly(owner: lb.LoopThread) -> None:
     engine = build(owner, make_engine_class())
     p = lb.proxy(engine)
-    stats = lb.stats_of(p)
+    stats = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         for i in range(50):
@@ -95,7 +96,7 @@ def test_call_outcomes_are_counted_exactly(owner: lb.LoopThread) -> None:
 def test_in_flight_counts_a_call_that_has_not_returned(asyncio_owner: lb.LoopThread) -> None:
     engine = build(asyncio_owner, make_engine_class())
     p = lb.proxy(engine)
-    stats = lb.stats_of(p)
+    stats = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         holders = [asyncio.create_task(p.hold()) for _ in range(4)]
@@ -121,7 +122,7 @@ def test_in_flight_counts_a_call_that_has_not_returned(asyncio_owner: lb.LoopThr
 def test_admission_delay_grows_when_the_owner_loop_is_busy(asyncio_owner: lb.LoopThread) -> None:
     engine = build(asyncio_owner, make_engine_class())
     p = lb.proxy(engine)
-    stats = lb.stats_of(p)
+    stats = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         for i in range(20):
@@ -146,7 +147,7 @@ def test_admission_delay_grows_when_the_owner_loop_is_busy(asyncio_owner: lb.Loo
 def test_return_delay_grows_when_the_caller_loop_is_busy(asyncio_owner: lb.LoopThread) -> None:
     engine = build(asyncio_owner, make_engine_class())
     p = lb.proxy(engine)
-    stats = lb.stats_of(p)
+    stats = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         task = asyncio.create_task(p.nap(0.03))
@@ -165,7 +166,7 @@ def test_return_delay_grows_when_the_caller_loop_is_busy(asyncio_owner: lb.LoopT
 def test_stream_items_and_wakeups(owner: lb.LoopThread) -> None:
     engine = build(owner, make_engine_class())
     p = lb.proxy(engine, stream_window=512)
-    stats = lb.stats_of(p)
+    stats = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         got = 0
@@ -213,7 +214,7 @@ def test_stream_items_and_wakeups(owner: lb.LoopThread) -> None:
 def test_blocking_face_from_threads_counts_exactly(asyncio_owner: lb.LoopThread) -> None:
     engine = build(asyncio_owner, make_engine_class())
     b = lb.blocking(engine)
-    stats = lb.stats_of(lb.proxy(engine))
+    stats = lb.metrics.metrics_of(lb.proxy(engine))
 
     def worker() -> None:
         for i in range(200):

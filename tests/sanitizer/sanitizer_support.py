@@ -123,7 +123,7 @@ def collector_pattern(
     """Consumer on loop B (thread 'server-loop') waits in get(); the producer
     on loop A (thread 'engine-loop') calls put(). Runs under sanitize("log")
     so the scenario completes, and returns what the sanitizer reported."""
-    from loopbridge._sanitizer import sanitize
+    from loopbridge.sanitizer import sanitize
 
     with (
         sanitize("log") as block,
@@ -174,7 +174,7 @@ def skip_if_installed_for_session() -> None:
     session runs under ``--loopbridge-sanitize``."""
     import pytest
 
-    from loopbridge._sanitizer import _instrument
+    from loopbridge.sanitizer import _instrument
 
     if _instrument.patched():
         pytest.skip("the sanitizer is installed for the whole session")

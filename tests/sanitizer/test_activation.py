@@ -22,8 +22,8 @@ import pytest
 from sanitizer_support import LoopInThread, in_thread, skip_if_installed_for_session
 
 import loopbridge
-from loopbridge import _sanitizer
-from loopbridge._sanitizer import (
+from loopbridge import sanitizer
+from loopbridge.sanitizer import (
     SanitizerError,
     install,
     install_from_env,
@@ -73,7 +73,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def test_off_patches_nothing_and_exit_restores_originals() -> None:
     before = _snapshot()
-    assert not _sanitizer._instrument.patched()
+    assert not sanitizer._instrument.patched()
     with sanitize("off"):
         assert _same(_snapshot(), before)
     with sanitize("raise"):
@@ -92,16 +92,16 @@ def test_install_uninstall_and_nesting() -> None:
     install("warn")
     try:
         with sanitize("raise") as outer:
-            emitter = _sanitizer._report.emitter
+            emitter = sanitizer._report.emitter
             with sanitize("log") as inner:
                 assert emitter.policy == "log"
             assert str(emitter.policy) == "raise"
             with sanitize("off"):
-                assert not _sanitizer._instrument._active
-            assert _sanitizer._instrument._active
+                assert not sanitizer._instrument._active
+            assert sanitizer._instrument._active
             assert outer.reports == [] and inner.reports == []
-        assert _sanitizer._report.emitter.policy == "warn"
-        assert _sanitizer._instrument.patched()
+        assert sanitizer._report.emitter.policy == "warn"
+        assert sanitizer._instrument.patched()
     finally:
         uninstall()
     assert _same(_snapshot(), before)
@@ -147,7 +147,7 @@ def test_bad_policy_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="LOOPBRIDGE_SANITIZE='loud'"):
         install_from_env(env)
     assert install_from_env({"LOOPBRIDGE_SANITIZE": "off"}) is None
-    assert not _sanitizer._instrument.patched()
+    assert not sanitizer._instrument.patched()
 
 
 _CHILD_MODULE = '''
@@ -230,7 +230,7 @@ def test_env_var_with_import_activates_process_and_spawned_child(tmp_path: Path)
 def test_env_var_alone_via_boot_dir(tmp_path: Path) -> None:
     """A process that never imports loopbridge: the boot directory on
     PYTHONPATH activates it at start-up."""
-    path = os.pathsep.join([_sanitizer.boot_dir(), SRC])
+    path = os.pathsep.join([sanitizer.boot_dir(), SRC])
     result = _run(tmp_path, "", {"LOOPBRIDGE_SANITIZE": "raise", "PYTHONPATH": path})
     assert result == {"main": "SanitizerError", "child": "SanitizerError"}
 
@@ -244,7 +244,7 @@ def test_boot_chains_to_an_existing_sitecustomize(tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("import builtins\nbuiltins.CHAINED = True\n")
-    path = os.pathsep.join([_sanitizer.boot_dir(), str(other), SRC])
+    path = os.pathsep.join([sanitizer.boot_dir(), str(other), SRC])
     code = (
         "import builtins, asyncio, sys; "
         "print(getattr(builtins, 'CHAINED', False), 'loopbridge' in sys.modules, "

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sanitizer_support import LoopInThread, in_thread
 
-from loopbridge._sanitizer import sanitize
+from loopbridge.sanitizer import sanitize
 
 LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,

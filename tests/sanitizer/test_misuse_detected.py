@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sanitizer_support import LoopInThread, in_thread, skip_if_installed_for_session
 
-from loopbridge._sanitizer import SanitizerError, SanitizerWarning, sanitize
+from loopbridge.sanitizer import SanitizerError, SanitizerWarning, sanitize
 
 HERE = __file__.removesuffix("c")  # .py even if run from a .pyc
 

@@ -11,7 +11,7 @@ import pytest
 from sanitizer_support import in_thread
 
 import loopbridge as lb
-from loopbridge._sanitizer import sanitize
+from loopbridge.sanitizer import sanitize
 
 
 @lb.loop_affine

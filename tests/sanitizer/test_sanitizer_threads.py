@@ -10,8 +10,8 @@ from typing import Any
 
 from sanitizer_support import LoopInThread, skip_if_installed_for_session
 
-from loopbridge import _sanitizer
-from loopbridge._sanitizer import sanitize
+from loopbridge import sanitizer
+from loopbridge.sanitizer import sanitize
 
 
 def test_concurrent_misuse_from_many_threads_is_counted_exactly() -> None:
@@ -41,7 +41,7 @@ def test_concurrent_misuse_from_many_threads_is_counted_exactly() -> None:
         assert all(r.operation == "asyncio.Future.set_result" for r in block.reports)
         # one offending line, counted once per occurrence
         assert len({r.key() for r in block.reports}) == 1
-        assert _sanitizer._report.emitter.seen[block.reports[0].key()] == threads * per_thread
+        assert sanitizer._report.emitter.seen[block.reports[0].key()] == threads * per_thread
         owner.call(lambda: None)
 
 
@@ -83,4 +83,4 @@ def test_switching_on_and_off_while_loops_run() -> None:
     assert results == [sum(range(rounds))] * 3
     assert sum(seen) == 0
     assert len(seen) > 1, "the loops finished before the sanitizer was toggled"
-    assert not _sanitizer._instrument.patched()
+    assert not sanitizer._instrument.patched()

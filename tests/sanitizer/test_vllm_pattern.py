@@ -14,7 +14,7 @@ from typing import Any
 from sanitizer_support import LoopInThread, SlotCollector, collector_pattern
 
 import loopbridge
-from loopbridge._sanitizer import sanitize
+from loopbridge.sanitizer import sanitize
 
 HERE = Path(__file__).resolve().parent
 SRC = str(Path(loopbridge.__file__).resolve().parent.parent)

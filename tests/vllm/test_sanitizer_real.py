@@ -15,12 +15,15 @@ from vllm_engines import start_engine, stop_engine
 from vllm_load import run_load
 
 import loopbridge as lb
+import loopbridge.sanitizer
 from loopbridge_vllm.server import OpenAIServer, start_openai_server
 
 pytestmark = pytest.mark.vllm
 
 
-def _collector_reports(reports: list[lb.SanitizerReport]) -> list[lb.SanitizerReport]:
+def _collector_reports(
+    reports: list[lb.sanitizer.SanitizerReport],
+) -> list[lb.sanitizer.SanitizerReport]:
     return [
         r
         for r in reports
@@ -33,7 +36,7 @@ def test_sanitizer_flags_raw_async_llm_served_from_another_thread(tiny_model: An
     owner, llm = start_engine(tiny_model, "sanitized-raw-owner")
     try:
         owner.run(llm.get_supported_tasks)
-        with lb.sanitize("log") as san:
+        with lb.sanitizer.sanitize("log") as san:
             server = OpenAIServer(llm).start(60)  # the raw engine, as downstream did
             try:
                 asyncio.run(run_load(server.url, 8, 2, timeout=20))
@@ -51,7 +54,7 @@ def test_sanitizer_flags_raw_async_llm_served_from_another_thread(tiny_model: An
 
 
 def test_sanitizer_is_quiet_through_loopbridge(engine_proxy: Any) -> None:
-    with lb.sanitize("log") as san:
+    with lb.sanitizer.sanitize("log") as san:
         server = start_openai_server(engine_proxy)
         try:
             result = asyncio.run(run_load(server.url, 32, 8, stream_fraction=0.5, timeout=60))

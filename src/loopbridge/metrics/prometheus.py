@@ -3,16 +3,16 @@
 ::
 
     from prometheus_client import REGISTRY
-    from loopbridge.prometheus import LoopbridgeCollector
+    from loopbridge.metrics.prometheus import LoopbridgeCollector
 
     REGISTRY.register(LoopbridgeCollector())
 
 The collector keeps no state of its own: each scrape reads the same numbers as
-:func:`loopbridge.metrics_snapshot`.  Series are labelled by object *name* (its
+:func:`loopbridge.metrics.snapshot`.  Series are labelled by object *name* (its
 class, e.g. ``object="AsyncLLM object"``), not by instance, so the number of
 series stays bounded however many objects come and go; objects that were
 garbage collected stay counted, so counters never go down.  Loops appear once
-:func:`loopbridge.monitor_lag` watches them, labelled ``loop=<monitor name>``.
+:func:`loopbridge.metrics.monitor_lag` watches them, labelled ``loop=<monitor name>``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from prometheus_client.core import (
     Metric,
 )
 
-from ._lag import LagMonitor, _monitors
-from ._metrics import Histogram, Totals, totals_by_name
+from .._lag import LagMonitor, _monitors
+from .._metrics import Histogram, Totals, totals_by_name
 
 __all__ = ["LoopbridgeCollector"]
 

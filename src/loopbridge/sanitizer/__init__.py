@@ -4,41 +4,48 @@ does not own them, on the first occurrence, whether or not the race fires.
 Turn it on with ``sanitize()`` (a context manager), ``install()``, the
 ``LOOPBRIDGE_SANITIZE`` environment variable (``install_from_env()``), or the
 pytest option ``--loopbridge-sanitize``. While nothing turns it on nothing is
-patched. See docs/sanitizer.md for what is covered and why.
+patched, and the patches themselves (``_instrument``) are not even imported.
+``python -m loopbridge.sanitizer`` prints :func:`boot_dir`. See
+docs/sanitizer.md for what is covered and why.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import MutableMapping
 from types import TracebackType
 
-from . import _instrument
 from ._report import (
     POLICIES,
     Collector,
+    Kind,
     Policy,
     SanitizerError,
     SanitizerReport,
     SanitizerWarning,
     emitter,
 )
+from ._sites import Site
 
 __all__ = [
+    "sanitize",
+    "install",
+    "uninstall",
+    "install_from_env",
+    "boot_dir",
     "ENV_VAR",
     "Policy",
     "SanitizerError",
-    "SanitizerReport",
     "SanitizerWarning",
-    "boot_dir",
-    "install",
-    "install_from_env",
-    "sanitize",
-    "uninstall",
+    "SanitizerReport",
+    "Kind",
+    "Site",
 ]
 
 ENV_VAR = "LOOPBRIDGE_SANITIZE"
+_INSTRUMENT = f"{__name__}._instrument"
 
 _lock = threading.RLock()
 _base: Policy | None = None  # set by install() / the environment variable
@@ -56,16 +63,23 @@ def _apply() -> None:
     """Bring patches, policy and collectors in line with _base and _blocks."""
     policy: Policy = _blocks[-1][1] if _blocks else (_base or "off")
     wanted = (_base not in (None, "off")) or any(p != "off" for _, p, _ in _blocks)
-    _instrument.set_active(False)
-    if wanted and not _instrument.patched():
-        emitter.seen.clear()
-        _instrument.patch()
-    elif not wanted and _instrument.patched():
-        _instrument.unpatch()
+    # The patches are imported the first time something wants them, so that
+    # a process that never turns the sanitizer on never loads them.
+    loaded = wanted or _INSTRUMENT in sys.modules
+    if loaded:
+        from . import _instrument
+
+        _instrument.set_active(False)
+        if wanted and not _instrument.patched():
+            emitter.seen.clear()
+            _instrument.patch()
+        elif not wanted and _instrument.patched():
+            _instrument.unpatch()
     with emitter.lock:
         emitter.policy = policy
         emitter.collectors = [c for _, _, c in _blocks]
-    _instrument.set_active(wanted and policy != "off")
+    if loaded:
+        _instrument.set_active(wanted and policy != "off")
 
 
 class sanitize:

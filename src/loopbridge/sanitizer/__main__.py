@@ -1,4 +1,4 @@
-"""``python -m loopbridge._sanitizer`` prints the directory to put first on
+"""``python -m loopbridge.sanitizer`` prints the directory to put first on
 PYTHONPATH to activate the sanitizer in processes that never import loopbridge."""
 
 from __future__ import annotations

@@ -38,8 +38,9 @@ from collections.abc import Callable
 from types import ModuleType, TracebackType
 from typing import Any, NamedTuple
 
+from .._labels import loop_label, thread_name
 from . import _sites
-from ._report import Kind, SanitizerReport, emitter, loop_name
+from ._report import Kind, SanitizerReport, emitter
 from ._sites import Site
 
 # Read on every instrumented call; written under the package lock.
@@ -115,12 +116,7 @@ def _judge(owner: asyncio.AbstractEventLoop, cur: asyncio.AbstractEventLoop | No
 
 def _thread_of(loop: asyncio.AbstractEventLoop) -> str | None:
     tid = _loop_thread_id(loop)
-    if tid is None:
-        return None
-    for t in threading.enumerate():
-        if t.ident == tid:
-            return t.name
-    return f"thread id {tid}"
+    return None if tid is None else thread_name(tid)
 
 
 def _describe_waiters(*queues: object) -> tuple[str, ...]:
@@ -140,7 +136,7 @@ def _describe_waiters(*queues: object) -> tuple[str, ...]:
         for w in items:
             site = getattr(w, "_lb_site", None)
             loop = getattr(w, "_loop", None)
-            text = f"waiter of {loop_name(loop)}"
+            text = f"waiter of {loop_label(loop)}" if loop is not None else "waiter"
             if site is not None:
                 text += f" created at {site}"
             out.append(text)
@@ -165,8 +161,8 @@ def _violation(
         kind=kind,
         subject=subject,
         call_stack=_sites.capture_stack(),
-        call_loop=f"running {loop_name(cur)}" if cur is not None else "no running loop",
-        owner_loop=loop_name(owner),
+        call_loop=f"running {loop_label(cur)}" if cur is not None else "no running loop",
+        owner_loop=loop_label(owner),
         owner_thread=_thread_of(owner) if owner.is_running() else None,
         bind=bind,
         bind_how=how,
@@ -231,7 +227,7 @@ def _check_loop(loop: asyncio.AbstractEventLoop, op: str) -> bool:
         return False
     cur = _get_running_loop()
     return _violation(
-        op, "wrong-thread" if cur is None else "wrong-loop", loop, cur, loop_name(loop), None, ""
+        op, "wrong-thread" if cur is None else "wrong-loop", loop, cur, loop_label(loop), None, ""
     )
 
 
@@ -251,6 +247,22 @@ class _Meta(type):
         return issubclass(sub, cls._lb_base)
 
 
+def _checked(base: type, name: str) -> Any:
+    """``base.name`` with the ownership check in front (the Future/Task methods
+    that wake or schedule onto the object's loop)."""
+    orig = base.__dict__[name]
+    op = f"asyncio.{base.__name__}.{name}"
+
+    @functools.wraps(orig)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _active and _get_running_loop() is not self._loop and _check_future(self, op):
+            with _nested:
+                return orig(self, *args, **kwargs)
+        return orig(self, *args, **kwargs)
+
+    return method
+
+
 class SanFuture(_ORIG_FUTURE, metaclass=_Meta):  # type: ignore[misc,valid-type]
     _lb_base = _ORIG_FUTURE
     __slots__ = ("_lb_site",)
@@ -259,45 +271,10 @@ class SanFuture(_ORIG_FUTURE, metaclass=_Meta):  # type: ignore[misc,valid-type]
         _ORIG_FUTURE.__init__(self, loop=loop)
         self._lb_site: Site | None = _sites.capture() if _active else None
 
-    def set_result(self, result: Any) -> None:
-        if (
-            _active
-            and _get_running_loop() is not self._loop
-            and _check_future(self, "asyncio.Future.set_result")
-        ):
-            with _nested:
-                return _ORIG_FUTURE.set_result(self, result)
-        return _ORIG_FUTURE.set_result(self, result)
-
-    def set_exception(self, exception: BaseException | type[BaseException]) -> None:
-        if (
-            _active
-            and _get_running_loop() is not self._loop
-            and _check_future(self, "asyncio.Future.set_exception")
-        ):
-            with _nested:
-                return _ORIG_FUTURE.set_exception(self, exception)
-        return _ORIG_FUTURE.set_exception(self, exception)
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        if (
-            _active
-            and _get_running_loop() is not self._loop
-            and _check_future(self, "asyncio.Future.cancel")
-        ):
-            with _nested:
-                return _ORIG_FUTURE.cancel(self, msg)
-        return _ORIG_FUTURE.cancel(self, msg)
-
-    def add_done_callback(self, fn: Callable[[Any], object], *, context: Any = None) -> None:
-        if (
-            _active
-            and _get_running_loop() is not self._loop
-            and _check_future(self, "asyncio.Future.add_done_callback")
-        ):
-            with _nested:
-                return _ORIG_FUTURE.add_done_callback(self, fn, context=context)
-        return _ORIG_FUTURE.add_done_callback(self, fn, context=context)
+    set_result = _checked(_ORIG_FUTURE, "set_result")
+    set_exception = _checked(_ORIG_FUTURE, "set_exception")
+    cancel = _checked(_ORIG_FUTURE, "cancel")
+    add_done_callback = _checked(_ORIG_FUTURE, "add_done_callback")
 
 
 class SanTask(_ORIG_TASK, metaclass=_Meta):  # type: ignore[misc,valid-type]
@@ -311,25 +288,8 @@ class SanTask(_ORIG_TASK, metaclass=_Meta):  # type: ignore[misc,valid-type]
         self._lb_site: Site | None = _sites.capture() if _active else None
         _ORIG_TASK.__init__(self, coro, loop=loop, **kwargs)
 
-    def cancel(self, msg: Any | None = None) -> bool:
-        if (
-            _active
-            and _get_running_loop() is not self._loop
-            and _check_future(self, "asyncio.Task.cancel")
-        ):
-            with _nested:
-                return _ORIG_TASK.cancel(self, msg)
-        return _ORIG_TASK.cancel(self, msg)
-
-    def add_done_callback(self, fn: Callable[[Any], object], *, context: Any = None) -> None:
-        if (
-            _active
-            and _get_running_loop() is not self._loop
-            and _check_future(self, "asyncio.Task.add_done_callback")
-        ):
-            with _nested:
-                return _ORIG_TASK.add_done_callback(self, fn, context=context)
-        return _ORIG_TASK.add_done_callback(self, fn, context=context)
+    cancel = _checked(_ORIG_TASK, "cancel")
+    add_done_callback = _checked(_ORIG_TASK, "add_done_callback")
 
 
 # --- wrappers ------------------------------------------------------------------

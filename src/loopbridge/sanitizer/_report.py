@@ -39,12 +39,6 @@ class SanitizerWarning(RuntimeWarning):
     """Issued once per offending call site under the ``warn`` policy."""
 
 
-def loop_name(loop: object | None) -> str:
-    if loop is None:
-        return "no running loop"
-    return f"{type(loop).__name__}@{id(loop):#x}"
-
-
 @dataclass(frozen=True)
 class SanitizerReport:
     """One misuse: who called, from where, and who owns the object."""

@@ -59,6 +59,9 @@ def _kind(code: CodeType) -> int:
 
 
 class Site(NamedTuple):
+    """A code location and the thread that ran it (``code`` is ``None`` when
+    no frame outside asyncio and loopbridge was found)."""
+
     code: CodeType | None
     lineno: int
     thread: str
@@ -114,7 +117,7 @@ def _fallback(asyncio_frame: FrameType | None, name: str) -> Site:
 _tls = threading.local()
 
 
-def _thread_name() -> str:
+def _current_thread_name() -> str:
     # threading.current_thread() costs more than a thread-local read. A thread
     # renamed after its first capture keeps its old name here.
     try:
@@ -127,7 +130,7 @@ def _thread_name() -> str:
 def capture() -> Site:
     """The calling site, for bind records (runs on hot paths: keep it lean)."""
     frame, outermost = _first_outside(sys._getframe(1))
-    name = _thread_name()
+    name = _current_thread_name()
     if frame is None:
         return _fallback(outermost, name)
     return Site(frame.f_code, frame.f_lineno, name)

@@ -1,2 +1,2 @@
 """Holds the ``sitecustomize`` module used to activate the sanitizer in child
-interpreters; see ``loopbridge._sanitizer.install_from_env``."""
+interpreters; see ``loopbridge.sanitizer.install_from_env``."""

@@ -29,7 +29,7 @@ def _activate() -> None:
     if os.environ.get("LOOPBRIDGE_SANITIZE", "").strip().lower() in ("", "0", "off"):
         return
     try:
-        from loopbridge._sanitizer import install_from_env
+        from loopbridge.sanitizer import install_from_env
     except ImportError:
         return
     try:

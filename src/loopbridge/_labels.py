@@ -1,0 +1,29 @@
+"""How loopbridge names loops and threads in errors, dumps, reports and metrics.
+
+One format everywhere, so that a loop named in a sanitizer report, a hang dump
+and a Prometheus label is recognisably the same loop: ``"<library> loop
+0x<id>"`` (``asyncio loop 0x7f...``, ``uvloop loop 0x7f...``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["loop_label", "thread_name"]
+
+
+def loop_label(loop: object) -> str:
+    """``"asyncio loop 0x7f..."``: the library that made the loop, and its id."""
+    library = type(loop).__module__.split(".")[0]
+    return f"{library} loop 0x{id(loop):x}"
+
+
+def thread_name(ident: int) -> str:
+    """The name of the live thread ``ident``, or ``"thread <ident>"``.
+
+    Reads the interpreter's table of live threads without its lock:
+    ``threading.enumerate()`` takes that lock, and a hang dump run from a
+    signal handler could interrupt the very thread that holds it.
+    """
+    thread = threading._active.get(ident)  # type: ignore[attr-defined]
+    return thread.name if thread is not None else f"thread {ident}"
