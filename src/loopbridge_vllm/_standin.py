@@ -23,6 +23,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes
 
+from loopbridge_vllm._compat.changed_signatures import WorkerCalls
+
 _T = TypeVar("_T")
 
 STEP_ENV = "LOOPBRIDGE_STANDIN_STEP_S"
@@ -39,7 +41,7 @@ class _Progress:
     generated: int = 0
 
 
-class _StandInWorker:
+class _StandInWorker(WorkerCalls):
     """The worker side: the methods vLLM reaches through ``collective_rpc``."""
 
     def __init__(self, executor: StandInExecutor) -> None:
@@ -70,9 +72,6 @@ class _StandInWorker:
 
     def get_supported_kv_cache_layouts(self) -> list[str]:
         return ["LBNHC"]
-
-    def set_kv_cache_layout(self, layout_name: str) -> None:
-        pass
 
     def determine_available_memory(self) -> int:
         return _KV_MEMORY_BYTES

@@ -34,6 +34,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop
+from loopbridge_vllm._compat.moved_imports import make_arg_parser, openai_app_builders
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
@@ -58,36 +59,12 @@ class _Shutdownable(Protocol):
 
 
 def _launchers() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """``build_app`` and ``init_app_state`` from their current homes.
-
-    vLLM >= 0.30 keeps them under ``entrypoints.launchers``; older releases
-    only have ``entrypoints.openai.api_server`` (a deprecated re-export in
-    newer ones, which warns on import, so it is tried last).
-    """
-    try:
-        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-        from vllm.entrypoints.launchers.app import build_app
-    except ImportError:  # pragma: no cover - older vLLM
-        from vllm.entrypoints.openai.api_server import (
-            build_app,
-            init_app_state,
-        )
-    return build_app, init_app_state
+    """``build_app`` and ``init_app_state`` (their homes differ across vLLM releases)."""
+    return openai_app_builders()
 
 
 def _make_parser() -> argparse.ArgumentParser:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:  # pragma: no cover - older vLLM
-        from vllm.entrypoints.openai.cli_args import (  # type: ignore[import-not-found,no-redef]
-            make_arg_parser,
-        )
-    parser: argparse.ArgumentParser = make_arg_parser(
-        FlexibleArgumentParser()  # type: ignore[no-untyped-call]
-    )
-    return parser
+    return make_arg_parser()
 
 
 def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Namespace:
@@ -201,7 +178,7 @@ class OpenAIServer:
         if self._error is not None or not self.running:
             self._thread.join(self.grace + 5.0)
             self._sock.close()
-            raise ServerStartError("server thread failed to start") from self._error
+            raise ServerStartError(f"server thread failed to start: {self._error}") from self._error
         return self
 
     def _on_owner_thread(self) -> bool:

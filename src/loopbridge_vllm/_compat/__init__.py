@@ -1,0 +1,80 @@
+"""Every difference between the vLLM releases the adapter supports, in one place.
+
+The rest of the adapter never asks which vLLM is installed: it imports each
+piece that differs between releases from here, where one submodule per kind of
+difference says what changed and in which release:
+
+- :mod:`.moved_imports`: names whose module changed;
+- :mod:`.changed_signatures`: calls vLLM makes with different arguments.
+
+Invariants: a piece is looked up by trying its known homes, newest release
+first, never by comparing version strings, so a future release that keeps a
+piece where it is works unchanged. When no home has it, or a home exists but
+cannot import because a package vLLM needs is missing, :class:`MissingVllmPiece`
+names the piece, what was tried, the missing package if any, and the releases
+this adapter was tested with.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["SUPPORTED_RELEASES", "MissingVllmPiece", "import_piece", "installed_release"]
+
+#: vLLM releases (major.minor) the adapter is tested with, oldest first.
+SUPPORTED_RELEASES = ("0.32", "0.33")
+
+
+class MissingVllmPiece(ImportError):
+    """A piece of vLLM the adapter needs is not where any supported release has it."""
+
+
+def installed_release() -> str:
+    """The installed vLLM's version string (``"not installed"`` without vLLM)."""
+    try:
+        import vllm
+    except ImportError:
+        return "not installed"
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def _support_note() -> str:
+    return (
+        f"installed vLLM: {installed_release()}; "
+        f"this adapter supports vLLM {', '.join(SUPPORTED_RELEASES)}"
+    )
+
+
+def _absent(module: str, missing: str | None) -> bool:
+    # True when the module itself (or a package above it) does not exist, as
+    # opposed to a module that exists but imports something not installed.
+    return missing is not None and (module == missing or module.startswith(missing + "."))
+
+
+def import_piece(piece: str, homes: Sequence[tuple[str, str]]) -> Any:
+    """The attribute ``piece`` from the first of its ``(module, name)`` homes.
+
+    ``piece`` says what it is for in error messages. Homes are tried in order;
+    a home whose module exists but fails to import because a dependency is
+    missing stops the search with that dependency named, since an older home
+    would only hide the real problem.
+    """
+    tried: list[str] = []
+    for module_name, attr in homes:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if not _absent(module_name, exc.name):
+                raise MissingVllmPiece(
+                    f"{piece}: {module_name} needs the Python package {exc.name!r}, "
+                    f"which is not installed ({_support_note()})"
+                ) from exc
+            tried.append(f"{module_name}.{attr}")
+            continue
+        try:
+            return getattr(module, attr)
+        except AttributeError:
+            tried.append(f"{module_name}.{attr}")
+    raise MissingVllmPiece(f"{piece}: none of {', '.join(tried)} exists ({_support_note()})")

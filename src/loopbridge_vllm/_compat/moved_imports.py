@@ -1,0 +1,62 @@
+"""vLLM names whose module changed between supported releases.
+
+Each function returns one piece, trying its homes newest first (see the
+package docstring for the error contract).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from loopbridge_vllm._compat import import_piece
+
+__all__ = ["make_arg_parser", "openai_app_builders"]
+
+
+def make_arg_parser() -> argparse.ArgumentParser:
+    """A fresh ``vllm serve`` argument parser.
+
+    ``make_arg_parser`` lives in ``entrypoints.common.cli_args`` from 0.33,
+    ``entrypoints.launchers.cli_args`` in 0.32 and ``entrypoints.openai.cli_args``
+    before that.
+    """
+    flexible = import_piece(
+        "vLLM's command-line parser class",
+        [("vllm.utils.argparse_utils", "FlexibleArgumentParser")],
+    )
+    make = import_piece(
+        "the `vllm serve` argument parser",
+        [
+            ("vllm.entrypoints.common.cli_args", "make_arg_parser"),
+            ("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),
+            ("vllm.entrypoints.openai.cli_args", "make_arg_parser"),
+        ],
+    )
+    parser: argparse.ArgumentParser = make(flexible())
+    return parser
+
+
+def openai_app_builders() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``build_app`` and ``init_app_state`` of vLLM's OpenAI server.
+
+    Both live under ``entrypoints.launchers`` since 0.30 (0.32 and 0.33
+    alike); older releases only have ``entrypoints.openai.api_server``, a
+    deprecated re-export in newer ones that warns on import, so it comes last.
+    """
+    build_app = import_piece(
+        "the OpenAI app factory (build_app)",
+        [
+            ("vllm.entrypoints.launchers.app", "build_app"),
+            ("vllm.entrypoints.openai.api_server", "build_app"),
+        ],
+    )
+    init_app_state = import_piece(
+        "the OpenAI app state set-up (init_app_state)",
+        [
+            ("vllm.entrypoints.launchers.api_server.app_state", "init_app_state"),
+            ("vllm.entrypoints.openai.api_server", "init_app_state"),
+        ],
+    )
+    return build_app, init_app_state
