@@ -13,6 +13,7 @@ installed).
 
 from __future__ import annotations
 
+import os
 import queue
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.distributed
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.engine import EngineCoreRequestType as T
@@ -170,9 +171,11 @@ class RealRank:
             self.e.input_queue.put_nowait(msg)
         self.e.dp_group.peers = list(peers)
         rounds = iter([True, False])
-        with mock.patch.object(self.e, "_handle_shutdown", lambda: next(rounds), create=True):
-            with pytest.raises(SystemExit):
-                self.e.run_busy_loop()
+        with (
+            mock.patch.object(self.e, "_handle_shutdown", lambda: next(rounds), create=True),
+            pytest.raises(SystemExit),
+        ):
+            self.e.run_busy_loop()
 
     def outputs(self) -> list[tuple[int, Any]]:
         out = []
@@ -207,9 +210,14 @@ def to_real(msg: m.InMsg) -> tuple[Any, Any]:
 
 def model_iteration(
     v: m.Variant, idx: int, r: m.Rank, msgs: list[m.InMsg], peers: list[list[list[int]]]
-) -> tuple[m.Rank, m.Effects, list[str]]:
-    """The model's rank doing what one real iteration does, peers as given."""
+) -> tuple[m.Rank, m.Effects, list[str], int]:
+    """The model's rank doing what one real iteration does, peers as given.
+
+    Returns the new rank, its effects, the collectives it entered and how many
+    peer groups (one per collective it entered) it consumed.
+    """
     eff = m.NO_EFFECTS
+    offered = len(peers)
     collectives: list[str] = []
     peers = list(peers)
     if not m.has_work(r) and r.callbacks:
@@ -238,7 +246,10 @@ def model_iteration(
         eff += e
         if r.blocked is not None and r.blocked.kind == "barrier":
             collectives.append(f"barrier:{int(r.blocked.unfinished)}")
-            anyu = r.blocked.unfinished or any(p[0] for p in peers.pop(0))
+            # Every rank contributes to the barrier, whatever its own value:
+            # the peers' group is consumed even when the result is already known.
+            group = peers.pop(0)
+            anyu = r.blocked.unfinished or any(p[0] for p in group)
             r, e = m.after_barrier(r, anyu)
             eff += e
         elif r.blocked is not None and r.blocked.kind == "rpc":
@@ -257,7 +268,7 @@ def model_iteration(
             contrib = [(b.unfinished, b.pending)] + [(bool(p[0]), bool(p[1])) for p in peers.pop(0)]
             r, e = m.after_sync(v, idx, r, m.sync_result(contrib), INTERVAL)
             eff += e
-    return r, eff, collectives
+    return r, eff, collectives, offered - len(peers)
 
 
 def project_real(rr: RealRank) -> dict[str, Any]:
@@ -293,7 +304,7 @@ def real_effects(rr: RealRank, outs: list[tuple[int, Any]]) -> dict[str, Any]:
     to_coord: list[tuple[str, int]] = []
     replies: list[tuple[int, bool]] = []
     aborted: list[int] = []
-    for client, o in outs:
+    for _client, o in outs:
         if o.wave_complete is not None:
             to_coord.append(("wave_complete", o.wave_complete))
         elif o.start_wave is not None:
@@ -352,13 +363,15 @@ def scenarios(
         min_size=size - 1,
         max_size=size - 1,
     )
-    events = draw(
-        st.lists(
-            st.tuples(st.lists(messages(size), max_size=3), st.lists(peer, min_size=3, max_size=3)),
-            min_size=1,
-            max_size=14,
-        )
-    )
+
+    def with_peer_groups(msgs: list[m.InMsg]) -> st.SearchStrategy[Any]:
+        # One iteration enters at most one barrier per message (a resume) and
+        # one finish sync, so it can consume up to len(msgs) + 1 peer groups.
+        n = len(msgs) + 1
+        return st.tuples(st.just(msgs), st.lists(peer, min_size=n, max_size=n))
+
+    iteration = st.lists(messages(size), max_size=3).flatmap(with_peer_groups)
+    events = draw(st.lists(iteration, min_size=1, max_size=14))
     return size, idx, events
 
 
@@ -386,12 +399,13 @@ def replay(
                 msg = m.replace(msg, req=req)
                 req += 1
             numbered.append(msg)
-        model_peers = [[p for p in group] for group in peers]
+        model_peers = [list(group) for group in peers]
         real_peers = [[list(p) for p in group] for group in peers]
-        r, eff, coll = model_iteration(v, idx, r, numbered, model_peers)
+        r, eff, coll, model_used = model_iteration(v, idx, r, numbered, model_peers)
         rr.forwards.clear()
         rr.e.dp_group.calls.clear()
         rr.iterate([to_real(x) for x in numbered], real_peers)
+        real_used = len(real_peers) - len(rr.e.dp_group.peers)
         real_coll = []
         calls = iter(rr.e.dp_group.calls)
         for f in rr.forwards:
@@ -403,17 +417,75 @@ def replay(
                 f"barrier:{values[0]}" if kind == "max" else f"sync:{values[0]}{values[1]}"
             )
         ctx = f"step {step}: {numbered}"
+        # Both sides saw the same peers only if they took the same groups.
+        assert real_used == model_used == len(rr.e.dp_group.calls), ctx
         assert project_real(rr) == project_model(r), ctx
         assert real_effects(rr, rr.outputs()) == model_effects(eff), ctx
         # Same collectives, with the same contributions (order within kinds).
         assert sorted(real_coll) == sorted(coll), ctx
 
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# CI replays a fixed, derandomized set of examples so that a run cannot flake;
+# LOOPBRIDGE_DP_EXPLORE=<examples> switches to random exploration (seeded by
+# ``--hypothesis-seed``), the documented command in docs/dp-protocol.md.
+_EXPLORE = int(os.environ.get("LOOPBRIDGE_DP_EXPLORE", "0"))
+SETTINGS = settings(
+    max_examples=_EXPLORE or 150,
+    derandomize=not _EXPLORE,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+_IDLE = [[[0, 0]], [[0, 0]], [[0, 0]]]
+#: Found by random search: the rank has its own unfinished request at the
+#: resume barrier, so a short-circuited barrier skipped the peers' group and
+#: the following finish sync read the barrier's.
+ISSUE_EXAMPLE = (
+    2,
+    0,
+    [
+        ([], _IDLE),
+        ([], _IDLE),
+        ([], _IDLE),
+        ([m.Utility(0, "pause", "keep")], _IDLE),
+        ([m.Add(0, 0)], [[[0, 1]], [[0, 0]], [[0, 0]]]),
+        ([m.Utility(1, "resume", "keep"), m.Abort(0)], [[[0, 0]], [[0, 1]], [[0, 0]]]),
+    ],
+)
+#: The smallest form of it: pause to consensus, queue a request, resume.
+MINIMAL_EXAMPLE = (
+    2,
+    0,
+    [
+        ([m.Utility(0, "pause", "keep")], [[[0, 1]], [[0, 0]]]),
+        ([m.Add(0, 0), m.Utility(1, "resume")], [[[0, 0]], [[0, 1]], [[0, 0]]]),
+    ],
+)
+#: Three resumes in one iteration, each entering the barrier on 0.32 (the rank
+#: is idle after each until a peer reports work), then a sync: four groups.
+THREE_RESUMES = (
+    2,
+    1,
+    [
+        ([m.Utility(0, "pause", "keep")], [[[0, 1]], [[0, 0]]]),
+        (
+            [m.Utility(1, "resume"), m.Utility(2, "resume"), m.Utility(3, "resume")],
+            [[[0, 0]], [[0, 0]], [[1, 0]], [[0, 0]]],
+        ),
+    ],
+)
+
+
+def pinned(test: Any) -> Any:
+    for ex in (ISSUE_EXAMPLE, MINIMAL_EXAMPLE, THREE_RESUMES):
+        test = example(ex)(test)
+    return test
 
 
 @SETTINGS
 @given(scenarios())
+@pinned
 def test_real_032_matches_variant_c(s: Any) -> None:
     with patched_collectives():
         replay("c", *s)
@@ -421,6 +493,7 @@ def test_real_032_matches_variant_c(s: Any) -> None:
 
 @SETTINGS
 @given(scenarios())
+@pinned
 def test_real_032_with_filter_matches_variant_e(s: Any) -> None:
     assert _patch.install_filter()
     try:

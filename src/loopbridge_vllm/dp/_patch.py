@@ -13,10 +13,15 @@ The wrapper asks :func:`._filter.decide` about each message:
   client's fan-out completes;
 * hold: keep it, in arrival order, on the instance until a later decision
   delivers it.
+
+An engine configured for elastic EP is left unfiltered (checked on its first
+message, with one error line): a scaled-up rank would set the consensus latch
+for good and held wave starts would pile up without bound.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +32,7 @@ SUPPORTED_PREFIXES = ("0.32.",)
 
 _ORIGINAL_ATTR = "_loopbridge_original_handle_client_request"
 _HELD_ATTR = "_loopbridge_held"
+_ACTIVE_ATTR = "_loopbridge_filter_active"
 
 Handler = Callable[[Any, Any, Any], None]
 
@@ -66,6 +72,12 @@ def _reply_none(engine: Any, request: Any) -> None:
 
 def _make_wrapper(original: Handler) -> Handler:
     def _handle_client_request(self: Any, request_type: Any, request: Any) -> None:
+        active = self.__dict__.get(_ACTIVE_ATTR)
+        if active is None:
+            active = self.__dict__[_ACTIVE_ATTR] = _applies_to(self)
+        if not active:
+            original(self, request_type, request)
+            return
         held: list[tuple[Any, Any]] = self.__dict__.setdefault(_HELD_ATTR, [])
         kind, method = _classify(request_type, request)
         decision = decide(kind, method, _view(self))
@@ -82,6 +94,18 @@ def _make_wrapper(original: Handler) -> Handler:
     _handle_client_request.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(_handle_client_request, _ORIGINAL_ATTR, original)
     return _handle_client_request
+
+
+def _applies_to(engine: Any) -> bool:
+    parallel = getattr(getattr(engine, "vllm_config", None), "parallel_config", None)
+    if getattr(parallel, "enable_elastic_ep", False):
+        logging.getLogger("vllm.plugins.loopbridge_dp_filter").error(
+            "loopbridge_dp_filter: NOT active on DP rank %s: elastic EP is enabled and "
+            "the filter assumes a fixed DP group",
+            getattr(engine, "dp_rank", "?"),
+        )
+        return False
+    return True
 
 
 def _release(engine: Any, original: Handler, held: list[tuple[Any, Any]]) -> None:
@@ -132,7 +156,8 @@ def install_filter() -> bool:
     current = vars(DPEngineCoreProc)["_handle_client_request"]
     if hasattr(current, _ORIGINAL_ATTR):
         return True
-    DPEngineCoreProc._handle_client_request = _make_wrapper(current)
+    # setattr: replacing a method on the class is the point of the patch.
+    setattr(DPEngineCoreProc, "_handle_client_request", _make_wrapper(current))  # noqa: B010
     return True
 
 
@@ -143,7 +168,7 @@ def uninstall_filter() -> None:
     current = vars(DPEngineCoreProc)["_handle_client_request"]
     original = getattr(current, _ORIGINAL_ATTR, None)
     if original is not None:
-        DPEngineCoreProc._handle_client_request = original
+        setattr(DPEngineCoreProc, "_handle_client_request", original)  # noqa: B010
 
 
 def is_installed() -> bool:

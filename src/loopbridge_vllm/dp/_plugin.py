@@ -1,0 +1,57 @@
+"""The vLLM general plugin that installs the pause-aware DP filter.
+
+vLLM calls every entry point of the ``vllm.general_plugins`` group in each of
+its processes (front end, engine cores, workers) before it builds an engine.
+This one is registered as ``loopbridge_dp_filter`` and does nothing unless the
+operator opts in with ``LOOPBRIDGE_DP_FILTER=1``; ``vllm serve
+--data-parallel-size N`` and ``AsyncLLM`` DP users then get the filter in
+every engine-core process without a code change.
+
+When opted in it logs exactly one line per process (through vLLM's own
+logger, so it shows wherever vLLM's lines show):
+
+* ``installed`` with the vLLM version, or
+* ``NOT installed`` with the reason: a vLLM whose DP protocol the filter was
+  not checked against, or an elastic-EP scale-up launch.
+
+Elastic EP is refused because a scaled-up worker joins with a fresh rank
+state: the consensus latch it sets would stay set for good and held wave
+starts would pile up without bound.  The launch flag is visible when the
+plugin loads; the engine's own ``enable_elastic_ep`` setting is only known
+once the engine object exists, so the installed filter checks it again on an
+engine's first message and stands aside (with one error line) there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+#: The opt-in switch; "1" installs, anything else (or unset) leaves vLLM alone.
+ENV = "LOOPBRIDGE_DP_FILTER"
+#: Entry-point name in ``vllm.general_plugins`` (``VLLM_PLUGINS`` filters on it).
+PLUGIN_NAME = "loopbridge_dp_filter"
+
+
+def _logger() -> logging.Logger:
+    # A child of vLLM's logger inherits its handler and level, so the line
+    # appears next to vLLM's own start-up lines in every process.
+    return logging.getLogger(f"vllm.plugins.{PLUGIN_NAME}")
+
+
+def load() -> None:
+    """Entry point: install the filter when ``LOOPBRIDGE_DP_FILTER=1``."""
+    log = _logger()
+    if os.environ.get(ENV, "") != "1":
+        log.debug("%s: not installed (%s is not 1)", PLUGIN_NAME, ENV)
+        return
+    from . import _patch
+
+    ok, why = _patch.installed_version_supported()
+    if ok and os.environ.get("VLLM_ELASTIC_EP_SCALE_UP_LAUNCH", "0") not in ("", "0"):
+        ok, why = False, "elastic EP scale-up launch: the filter assumes a fixed DP group"
+    if not ok:
+        log.warning("%s: NOT installed (pid %d): %s", PLUGIN_NAME, os.getpid(), why)
+        return
+    _patch.install_filter()
+    log.info("%s: installed (pid %d) for %s", PLUGIN_NAME, os.getpid(), why)
