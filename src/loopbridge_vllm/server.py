@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from loopbridge import LoopAffinityError, owner_loop
+from loopbridge import LoopAffinityError, LoopThread, owner_loop
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
@@ -51,6 +51,10 @@ _log = logging.getLogger("loopbridge_vllm.server")
 
 class ServerStartError(RuntimeError):
     """The server thread failed before it accepted connections."""
+
+
+# What OpenAIServer.thread is before start(): a thread that never runs.
+_NOT_STARTED = threading.Thread(name="loopbridge-openai-server (not started)")
 
 
 class _Shutdownable(Protocol):
@@ -108,7 +112,10 @@ def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Name
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: accepted sockets inherit the protocol, and asyncio
+    # sets TCP_NODELAY only on sockets that say they are TCP. Without it, Nagle's
+    # algorithm meets the client's delayed ACK on kept-alive connections (+40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -122,15 +129,34 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop when asked for and installed (as ``vllm serve`` runs), else asyncio."""
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
 def _server_class() -> type[Any]:
     import uvicorn
 
     class _ThreadServer(uvicorn.Server):
+        on_started: Callable[[], None] = staticmethod(lambda: None)
+
         # Signal handlers can only be installed on the main thread; whoever
         # owns the process decides what a signal means and calls stop().
         @contextlib.contextmanager
         def capture_signals(self) -> Generator[None, None, None]:
             yield
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                self.on_started()
 
     return _ThreadServer
 
@@ -150,6 +176,7 @@ class OpenAIServer:
         engine: _Shutdownable | None = None,
         watchdog_interval: float = 1.0,
         name: str = "loopbridge-openai-server",
+        use_uvloop: bool = True,
     ) -> None:
         self.client = client
         self.args = args if args is not None else serve_args(client)
@@ -170,7 +197,8 @@ class OpenAIServer:
         self._ready = threading.Event()
         self._stopped = False
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # The same loop thread as an owner loop's: start, clean-up sweep, close.
+        self._loop_thread = LoopThread(name, loop_factory=_loop_factory(use_uvloop))
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> OpenAIServer:
@@ -184,22 +212,25 @@ class OpenAIServer:
                 "start() on the engine's owner loop would wait for that same loop: "
                 "use `await server.astart()` (or astart_openai_server) there"
             )
-        self._thread.start()
-        ready = self._ready.wait(timeout)
-        return self._started(ready, timeout)
+        return self._started(self._launch(timeout), timeout)
 
     async def astart(self, timeout: float = 120.0) -> OpenAIServer:
         """:meth:`start` for async callers; the calling loop keeps running meanwhile."""
-        self._thread.start()
-        ready = await asyncio.to_thread(self._ready.wait, timeout)
-        return self._started(ready, timeout)
+        return self._started(await asyncio.to_thread(self._launch, timeout), timeout)
+
+    def _launch(self, timeout: float) -> bool:
+        loop_thread = self._loop_thread
+        loop_thread.start()
+        self.loop = loop_thread.loop
+        asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self.loop)
+        return self._ready.wait(timeout)
 
     def _started(self, ready: bool, timeout: float) -> OpenAIServer:
         if not ready:
             self._abort_start()
             raise ServerStartError(f"server did not start within {timeout} s")
         if self._error is not None or not self.running:
-            self._thread.join(self.grace + 5.0)
+            self.thread.join(self.grace + 5.0)
             self._sock.close()
             raise ServerStartError("server thread failed to start") from self._error
         return self
@@ -219,7 +250,7 @@ class OpenAIServer:
     def running(self) -> bool:
         """True while the server thread serves requests."""
         return (
-            self._thread.is_alive()
+            self.thread.is_alive()
             and self._server is not None
             and bool(self._server.started)
             and not self._server.should_exit
@@ -227,7 +258,8 @@ class OpenAIServer:
 
     @property
     def thread(self) -> threading.Thread:
-        return self._thread
+        """The server's thread (not started before :meth:`start`)."""
+        return self._loop_thread.thread or _NOT_STARTED
 
     def stop(self, timeout: float | None = None, *, shutdown_engine: bool | None = None) -> None:
         """Stop the server (bounded), then the engine if this server owns it.
@@ -240,27 +272,28 @@ class OpenAIServer:
         ``shutdown_engine`` defaults to whether an engine was handed to
         :func:`start_openai_server` with ``shutdown_engine=True``.
         """
-        if threading.current_thread() is self._thread:
+        thread = self.thread
+        if threading.current_thread() is thread:
             raise RuntimeError("stop() called from the server's own thread")
-        if self._thread.ident is None:  # never started
+        if thread is _NOT_STARTED:
             self._signal_exit()
             self._sock.close()
             return
-        if self._on_owner_thread() and self._thread.is_alive():
+        if self._on_owner_thread() and thread.is_alive():
             raise LoopAffinityError(
                 "stop() on the engine's owner loop would block the loop that running "
                 "requests need to finish: use `await server.aclose()` there"
             )
         self._signal_exit()
         limit = self.grace + 5.0 if timeout is None else timeout
-        self._thread.join(limit)
-        if self._thread.is_alive():
+        thread.join(limit)
+        if thread.is_alive():
             if self._server is not None:
                 self._server.force_exit = True
-            self._thread.join(5.0)
+            thread.join(5.0)
         self._sock.close()
-        if self._thread.is_alive():
-            raise TimeoutError(f"server thread {self._thread.name} did not stop")
+        if thread.is_alive():
+            raise TimeoutError(f"server thread {thread.name} did not stop")
         engine = self._engine if shutdown_engine is None or shutdown_engine else None
         if shutdown_engine and engine is None:
             raise ValueError("no engine to shut down was given to this server")
@@ -292,31 +325,24 @@ class OpenAIServer:
     def _abort_start(self) -> None:
         self._signal_exit()
         loop = self.loop
-        if loop is not None and self._thread.is_alive():
+        if loop is not None and self.thread.is_alive():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(lambda: None)
-        self._thread.join(self.grace + 5.0)
+        self.thread.join(self.grace + 5.0)
         self._sock.close()
 
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self.loop = loop
-        asyncio.set_event_loop(loop)
+    async def _serve_until_exit(self) -> None:
+        # Serving ends the loop thread: the loop stops, and LoopThread sweeps the
+        # remaining tasks and closes it.
         try:
-            loop.run_until_complete(self._main())
+            await self._main()
         except BaseException as exc:  # reported through start()/logs
             self._error = exc
             if self._ready.is_set():
                 _log.exception("OpenAI server thread failed")
         finally:
             self._ready.set()
-            try:
-                _cancel_all(loop)
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
+            asyncio.get_running_loop().stop()
 
     async def _main(self) -> None:
         import uvicorn
@@ -337,6 +363,7 @@ class OpenAIServer:
             lifespan="on",
         )
         server = _server_class()(config)
+        server.on_started = self._ready.set
         app.state.server = server
         with self._lock:
             if self._stopped:
@@ -345,9 +372,6 @@ class OpenAIServer:
         serving = asyncio.create_task(server.serve(sockets=[self._sock]))
         watchdog = asyncio.create_task(self._watchdog(server))
         try:
-            while not server.started and not serving.done():
-                await asyncio.sleep(0.005)
-            self._ready.set()
             await serving
         finally:
             watchdog.cancel()
@@ -366,14 +390,6 @@ class OpenAIServer:
                 return
 
 
-def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
-    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-
-
 def start_openai_server(
     engine: Any,
     *,
@@ -385,6 +401,7 @@ def start_openai_server(
     shutdown_engine: bool = False,
     log_level: str = "warning",
     start_timeout: float = 120.0,
+    use_uvloop: bool = True,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -397,10 +414,21 @@ def start_openai_server(
 
     ``serve_argv`` adds ``vllm serve`` options; ``args`` replaces the whole
     namespace. With ``shutdown_engine=True``, :meth:`OpenAIServer.stop` shuts
-    the engine down after the server has stopped.
+    the engine down after the server has stopped. The server's loop is uvloop
+    when it is installed, as with ``vllm serve``; ``use_uvloop=False`` runs it
+    on asyncio's own loop.
     """
     server = _prepare(
-        engine, host, port, serve_argv, args, grace, shutdown_engine, log_level, proxy_options
+        engine,
+        host,
+        port,
+        serve_argv,
+        args,
+        grace,
+        shutdown_engine,
+        log_level,
+        use_uvloop,
+        proxy_options,
     )
     return server.start(start_timeout)
 
@@ -416,6 +444,7 @@ async def astart_openai_server(
     shutdown_engine: bool = False,
     log_level: str = "warning",
     start_timeout: float = 120.0,
+    use_uvloop: bool = True,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.
@@ -424,7 +453,16 @@ async def astart_openai_server(
     methods: the actor's loop keeps serving the engine while the server starts.
     """
     server = _prepare(
-        engine, host, port, serve_argv, args, grace, shutdown_engine, log_level, proxy_options
+        engine,
+        host,
+        port,
+        serve_argv,
+        args,
+        grace,
+        shutdown_engine,
+        log_level,
+        use_uvloop,
+        proxy_options,
     )
     return await server.astart(start_timeout)
 
@@ -438,6 +476,7 @@ def _prepare(
     grace: float,
     shutdown_engine: bool,
     log_level: str,
+    use_uvloop: bool,
     proxy_options: dict[str, Any],
 ) -> OpenAIServer:
     from loopbridge_vllm.engine import engine_client_proxy, is_engine_client_proxy
@@ -465,4 +504,5 @@ def _prepare(
         grace=grace,
         log_level=log_level,
         engine=client if shutdown_engine else None,
+        use_uvloop=use_uvloop,
     )
