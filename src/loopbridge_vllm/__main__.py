@@ -105,7 +105,8 @@ def serve(argv: Sequence[str]) -> int:
         print(f"serving on {server.url}", flush=True)
         while not stop.wait(0.2):
             if not server.thread.is_alive():
-                print(f"server stopped by itself ({server.exit_reason})", flush=True)
+                reason = server.exit_reason.value if server.exit_reason else "unknown"
+                print(f"server stopped by itself ({reason})", flush=True)
                 break
         code = 0 if stop.is_set() else 1
     finally:

@@ -18,7 +18,10 @@ Ordering guarantees:
   in the engine), joins the thread with a bound, and only then shuts the engine
   down, if asked to. No request reaches an engine that is already gone.
 * A watchdog stops the server when the engine dies (as vLLM's own launcher
-  does), unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` is set.
+  does), unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` is set, and when the
+  engine's owner loop stops or closes (then it also aborts every request still
+  in the engine, on that loop, if it ever runs again). It reads only state that
+  needs no owner loop, as ``/health`` does.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import socket
@@ -33,12 +37,13 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from loopbridge import LoopAffinityError, LoopThread, owner_loop
+from loopbridge import LoopAffinityError, LoopThread, owner_loop, unwrap
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
 
 __all__ = [
+    "ExitReason",
     "OpenAIServer",
     "ServerStartError",
     "astart_openai_server",
@@ -52,6 +57,17 @@ _log = logging.getLogger("loopbridge_vllm.server")
 class ServerStartError(RuntimeError):
     """The server thread failed before it accepted connections."""
 
+
+class ExitReason(str, enum.Enum):
+    """Why a server stopped by itself (:attr:`OpenAIServer.exit_reason`)."""
+
+    ENGINE_DIED = "engine died"
+    OWNER_LOOP_STOPPED = "the engine's owner loop stopped"
+
+
+# The owner loop must be seen stopped on this many watchdog checks in a row: a
+# loop driven by repeated run_until_complete() calls is briefly not running.
+_OWNER_STOPPED_TICKS = 2
 
 # What OpenAIServer.thread is before start(): a thread that never runs.
 _NOT_STARTED = threading.Thread(name="loopbridge-openai-server (not started)")
@@ -191,7 +207,7 @@ class OpenAIServer:
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}"
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.exit_reason: str | None = None
+        self.exit_reason: ExitReason | None = None
         self._server: Any = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
@@ -379,15 +395,58 @@ class OpenAIServer:
                 await watchdog
 
     async def _watchdog(self, server: Any) -> None:
-        keep_alive = os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") not in ("", "0")
+        owner = owner_loop(self.client)
+        stopped_ticks = 0
         while True:
             await asyncio.sleep(self._watchdog_interval)
-            # Health members are answered without blocking this loop.
-            if self.client.errored and not self.client.is_running and not keep_alive:
-                self.exit_reason = "engine died"
+            # Only reads that need no owner loop: a blocked owner must not hide
+            # a dead engine, and a dead owner must be seen without its help.
+            if owner is not None and (owner.is_closed() or not owner.is_running()):
+                stopped_ticks += 1
+            else:
+                stopped_ticks = 0
+            if stopped_ticks >= _OWNER_STOPPED_TICKS:
+                self._owner_died(server, owner)
+                return
+            if self.client.errored and not _keep_alive_on_engine_death():
+                self.exit_reason = ExitReason.ENGINE_DIED
                 _log.error("engine died; stopping the OpenAI server at %s", self.url)
                 server.should_exit = True
                 return
+
+    def _owner_died(self, server: Any, owner: asyncio.AbstractEventLoop | None) -> None:
+        self.exit_reason = ExitReason.OWNER_LOOP_STOPPED
+        _log.error("the engine's owner loop stopped; stopping the OpenAI server at %s", self.url)
+        # Requests waiting on the owner already fail (OwnerLoopClosed); stopping
+        # the server refuses new ones. Their generators are suspended on the
+        # owner loop, so the EngineCore would run them to the end: queue an
+        # abort of everything in flight, which runs if that loop runs again (a
+        # restart, or the clean-up sweep of LoopThread.stop / asyncio.run). A
+        # closed loop already cancelled its generators, which aborts them.
+        server.should_exit = True
+        if owner is None or owner.is_closed():
+            return
+        engine = unwrap(self.client)
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: see above
+            owner.call_soon_threadsafe(_start_abort_all, engine)
+
+
+def _start_abort_all(engine: Any) -> None:
+    # Runs on the owner loop: the output processor is its state.
+    ids = list(engine.output_processor.request_states)
+    if ids:
+        task = asyncio.get_running_loop().create_task(engine.abort(ids, internal=True))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+
+# Strong references to fire-and-forget tasks (the loop keeps only weak ones).
+_background: set[asyncio.Task[None]] = set()
+
+
+def _keep_alive_on_engine_death() -> bool:
+    # vLLM's own switch, read on every check as vLLM does.
+    return os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") not in ("", "0")
 
 
 def start_openai_server(
