@@ -60,6 +60,11 @@ class LoopThread:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The loop's thread (``None`` before :meth:`start`)."""
+        return self._thread
+
     def start(self) -> LoopThread:
         """Start the thread; return once its loop is running."""
         if self._thread is not None:

@@ -47,6 +47,12 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--grace", type=float, default=5.0, help="drain time on shutdown (s)")
     parser.add_argument("--uvloop", action="store_true", help="use uvloop for the owner loop")
+    parser.add_argument(
+        "--no-server-uvloop",
+        dest="server_uvloop",
+        action="store_false",
+        help="run the HTTP server's loop on asyncio instead of uvloop (default: uvloop if installed)",
+    )
     return parser
 
 
@@ -94,11 +100,13 @@ def serve(argv: Sequence[str]) -> int:
             port=opts.port,
             args=ns,
             grace=opts.grace,
+            use_uvloop=opts.server_uvloop,
         )
         print(f"serving on {server.url}", flush=True)
         while not stop.wait(0.2):
             if not server.thread.is_alive():
-                print(f"server stopped by itself ({server.exit_reason})", flush=True)
+                reason = server.exit_reason.value if server.exit_reason else "unknown"
+                print(f"server stopped by itself ({reason})", flush=True)
                 break
         code = 0 if stop.is_set() else 1
     finally:

@@ -15,7 +15,8 @@ from a foreign thread:
 * setup data (``vllm_config``, ``model_config``, ``renderer``, ...) is read
   directly, because the serving code needs it on its own thread;
 * health members (``errored``, ``dead_error``, ``is_running``,
-  ``is_stopped``) are read directly and never block the caller's loop;
+  ``is_stopped``, and the ``check_health`` coroutine behind ``/health``) are
+  read directly and never wait for the owner loop;
 * every other sync member is either declared thread-safe below, with the
   reason, or refused with :class:`loopbridge.LoopAffinityError`.
 
@@ -123,6 +124,12 @@ RULES: Mapping[str, Rule] = {
     "is_stopped": Rule(Policy.HEALTH, "equals errored"),
     "dead_error": Rule(Policy.HEALTH, "builds a new EngineDeadError; touches no state"),
     "should_keep_api_server_alive": Rule(Policy.HEALTH, "reads a flag (elastic EP)"),
+    "check_health": Rule(
+        Policy.HEALTH,
+        "a coroutine that only reads errored and dead_error; /health awaits it, so it "
+        "runs on the caller's loop: a busy or blocked owner loop must not make a "
+        "healthy engine look dead, nor delay a 503 for a dead one",
+    ),
     # -- sync members that are safe from any thread ---------------------------
     "shutdown": Rule(
         Policy.THREADSAFE,

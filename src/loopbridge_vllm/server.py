@@ -18,7 +18,10 @@ Ordering guarantees:
   in the engine), joins the thread with a bound, and only then shuts the engine
   down, if asked to. No request reaches an engine that is already gone.
 * A watchdog stops the server when the engine dies (as vLLM's own launcher
-  does), unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` is set.
+  does), unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` is set, and when the
+  engine's owner loop stops or closes (then it also aborts every request still
+  in the engine, on that loop, if it ever runs again). It reads only state that
+  needs no owner loop, as ``/health`` does.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import socket
@@ -33,13 +37,14 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from loopbridge import LoopAffinityError, owner_loop
+from loopbridge import LoopAffinityError, LoopThread, owner_loop, unwrap
 from loopbridge_vllm._compat.moved_imports import make_arg_parser, openai_app_builders
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
 
 __all__ = [
+    "ExitReason",
     "OpenAIServer",
     "ServerStartError",
     "astart_openai_server",
@@ -52,6 +57,21 @@ _log = logging.getLogger("loopbridge_vllm.server")
 
 class ServerStartError(RuntimeError):
     """The server thread failed before it accepted connections."""
+
+
+class ExitReason(str, enum.Enum):
+    """Why a server stopped by itself (:attr:`OpenAIServer.exit_reason`)."""
+
+    ENGINE_DIED = "engine died"
+    OWNER_LOOP_STOPPED = "the engine's owner loop stopped"
+
+
+# The owner loop must be seen stopped on this many watchdog checks in a row: a
+# loop driven by repeated run_until_complete() calls is briefly not running.
+_OWNER_STOPPED_TICKS = 2
+
+# What OpenAIServer.thread is before start(): a thread that never runs.
+_NOT_STARTED = threading.Thread(name="loopbridge-openai-server (not started)")
 
 
 class _Shutdownable(Protocol):
@@ -85,7 +105,10 @@ def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Name
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: accepted sockets inherit the protocol, and asyncio
+    # sets TCP_NODELAY only on sockets that say they are TCP. Without it, Nagle's
+    # algorithm meets the client's delayed ACK on kept-alive connections (+40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -99,15 +122,34 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop when asked for and installed (as ``vllm serve`` runs), else asyncio."""
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
 def _server_class() -> type[Any]:
     import uvicorn
 
     class _ThreadServer(uvicorn.Server):
+        on_started: Callable[[], None] = staticmethod(lambda: None)
+
         # Signal handlers can only be installed on the main thread; whoever
         # owns the process decides what a signal means and calls stop().
         @contextlib.contextmanager
         def capture_signals(self) -> Generator[None, None, None]:
             yield
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                self.on_started()
 
     return _ThreadServer
 
@@ -127,6 +169,7 @@ class OpenAIServer:
         engine: _Shutdownable | None = None,
         watchdog_interval: float = 1.0,
         name: str = "loopbridge-openai-server",
+        use_uvloop: bool = True,
     ) -> None:
         self.client = client
         self.args = args if args is not None else serve_args(client)
@@ -141,13 +184,14 @@ class OpenAIServer:
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}"
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.exit_reason: str | None = None
+        self.exit_reason: ExitReason | None = None
         self._server: Any = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._stopped = False
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # The same loop thread as an owner loop's: start, clean-up sweep, close.
+        self._loop_thread = LoopThread(name, loop_factory=_loop_factory(use_uvloop))
 
     # -- lifecycle --------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> OpenAIServer:
@@ -161,22 +205,25 @@ class OpenAIServer:
                 "start() on the engine's owner loop would wait for that same loop: "
                 "use `await server.astart()` (or astart_openai_server) there"
             )
-        self._thread.start()
-        ready = self._ready.wait(timeout)
-        return self._started(ready, timeout)
+        return self._started(self._launch(timeout), timeout)
 
     async def astart(self, timeout: float = 120.0) -> OpenAIServer:
         """:meth:`start` for async callers; the calling loop keeps running meanwhile."""
-        self._thread.start()
-        ready = await asyncio.to_thread(self._ready.wait, timeout)
-        return self._started(ready, timeout)
+        return self._started(await asyncio.to_thread(self._launch, timeout), timeout)
+
+    def _launch(self, timeout: float) -> bool:
+        loop_thread = self._loop_thread
+        loop_thread.start()
+        self.loop = loop_thread.loop
+        asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self.loop)
+        return self._ready.wait(timeout)
 
     def _started(self, ready: bool, timeout: float) -> OpenAIServer:
         if not ready:
             self._abort_start()
             raise ServerStartError(f"server did not start within {timeout} s")
         if self._error is not None or not self.running:
-            self._thread.join(self.grace + 5.0)
+            self.thread.join(self.grace + 5.0)
             self._sock.close()
             raise ServerStartError(f"server thread failed to start: {self._error}") from self._error
         return self
@@ -196,7 +243,7 @@ class OpenAIServer:
     def running(self) -> bool:
         """True while the server thread serves requests."""
         return (
-            self._thread.is_alive()
+            self.thread.is_alive()
             and self._server is not None
             and bool(self._server.started)
             and not self._server.should_exit
@@ -204,7 +251,8 @@ class OpenAIServer:
 
     @property
     def thread(self) -> threading.Thread:
-        return self._thread
+        """The server's thread (not started before :meth:`start`)."""
+        return self._loop_thread.thread or _NOT_STARTED
 
     def stop(self, timeout: float | None = None, *, shutdown_engine: bool | None = None) -> None:
         """Stop the server (bounded), then the engine if this server owns it.
@@ -217,27 +265,28 @@ class OpenAIServer:
         ``shutdown_engine`` defaults to whether an engine was handed to
         :func:`start_openai_server` with ``shutdown_engine=True``.
         """
-        if threading.current_thread() is self._thread:
+        thread = self.thread
+        if threading.current_thread() is thread:
             raise RuntimeError("stop() called from the server's own thread")
-        if self._thread.ident is None:  # never started
+        if thread is _NOT_STARTED:
             self._signal_exit()
             self._sock.close()
             return
-        if self._on_owner_thread() and self._thread.is_alive():
+        if self._on_owner_thread() and thread.is_alive():
             raise LoopAffinityError(
                 "stop() on the engine's owner loop would block the loop that running "
                 "requests need to finish: use `await server.aclose()` there"
             )
         self._signal_exit()
         limit = self.grace + 5.0 if timeout is None else timeout
-        self._thread.join(limit)
-        if self._thread.is_alive():
+        thread.join(limit)
+        if thread.is_alive():
             if self._server is not None:
                 self._server.force_exit = True
-            self._thread.join(5.0)
+            thread.join(5.0)
         self._sock.close()
-        if self._thread.is_alive():
-            raise TimeoutError(f"server thread {self._thread.name} did not stop")
+        if thread.is_alive():
+            raise TimeoutError(f"server thread {thread.name} did not stop")
         engine = self._engine if shutdown_engine is None or shutdown_engine else None
         if shutdown_engine and engine is None:
             raise ValueError("no engine to shut down was given to this server")
@@ -269,31 +318,24 @@ class OpenAIServer:
     def _abort_start(self) -> None:
         self._signal_exit()
         loop = self.loop
-        if loop is not None and self._thread.is_alive():
+        if loop is not None and self.thread.is_alive():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(lambda: None)
-        self._thread.join(self.grace + 5.0)
+        self.thread.join(self.grace + 5.0)
         self._sock.close()
 
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self.loop = loop
-        asyncio.set_event_loop(loop)
+    async def _serve_until_exit(self) -> None:
+        # Serving ends the loop thread: the loop stops, and LoopThread sweeps the
+        # remaining tasks and closes it.
         try:
-            loop.run_until_complete(self._main())
+            await self._main()
         except BaseException as exc:  # reported through start()/logs
             self._error = exc
             if self._ready.is_set():
                 _log.exception("OpenAI server thread failed")
         finally:
             self._ready.set()
-            try:
-                _cancel_all(loop)
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
+            asyncio.get_running_loop().stop()
 
     async def _main(self) -> None:
         import uvicorn
@@ -314,6 +356,7 @@ class OpenAIServer:
             lifespan="on",
         )
         server = _server_class()(config)
+        server.on_started = self._ready.set
         app.state.server = server
         with self._lock:
             if self._stopped:
@@ -322,9 +365,6 @@ class OpenAIServer:
         serving = asyncio.create_task(server.serve(sockets=[self._sock]))
         watchdog = asyncio.create_task(self._watchdog(server))
         try:
-            while not server.started and not serving.done():
-                await asyncio.sleep(0.005)
-            self._ready.set()
             await serving
         finally:
             watchdog.cancel()
@@ -332,23 +372,58 @@ class OpenAIServer:
                 await watchdog
 
     async def _watchdog(self, server: Any) -> None:
-        keep_alive = os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") not in ("", "0")
+        owner = owner_loop(self.client)
+        stopped_ticks = 0
         while True:
             await asyncio.sleep(self._watchdog_interval)
-            # Health members are answered without blocking this loop.
-            if self.client.errored and not self.client.is_running and not keep_alive:
-                self.exit_reason = "engine died"
+            # Only reads that need no owner loop: a blocked owner must not hide
+            # a dead engine, and a dead owner must be seen without its help.
+            if owner is not None and (owner.is_closed() or not owner.is_running()):
+                stopped_ticks += 1
+            else:
+                stopped_ticks = 0
+            if stopped_ticks >= _OWNER_STOPPED_TICKS:
+                self._owner_died(server, owner)
+                return
+            if self.client.errored and not _keep_alive_on_engine_death():
+                self.exit_reason = ExitReason.ENGINE_DIED
                 _log.error("engine died; stopping the OpenAI server at %s", self.url)
                 server.should_exit = True
                 return
 
+    def _owner_died(self, server: Any, owner: asyncio.AbstractEventLoop | None) -> None:
+        self.exit_reason = ExitReason.OWNER_LOOP_STOPPED
+        _log.error("the engine's owner loop stopped; stopping the OpenAI server at %s", self.url)
+        # Requests waiting on the owner already fail (OwnerLoopClosed); stopping
+        # the server refuses new ones. Their generators are suspended on the
+        # owner loop, so the EngineCore would run them to the end: queue an
+        # abort of everything in flight, which runs if that loop runs again (a
+        # restart, or the clean-up sweep of LoopThread.stop / asyncio.run). A
+        # closed loop already cancelled its generators, which aborts them.
+        server.should_exit = True
+        if owner is None or owner.is_closed():
+            return
+        engine = unwrap(self.client)
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: see above
+            owner.call_soon_threadsafe(_start_abort_all, engine)
 
-def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
-    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+def _start_abort_all(engine: Any) -> None:
+    # Runs on the owner loop: the output processor is its state.
+    ids = list(engine.output_processor.request_states)
+    if ids:
+        task = asyncio.get_running_loop().create_task(engine.abort(ids, internal=True))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+
+# Strong references to fire-and-forget tasks (the loop keeps only weak ones).
+_background: set[asyncio.Task[None]] = set()
+
+
+def _keep_alive_on_engine_death() -> bool:
+    # vLLM's own switch, read on every check as vLLM does.
+    return os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") not in ("", "0")
 
 
 def start_openai_server(
@@ -362,6 +437,7 @@ def start_openai_server(
     shutdown_engine: bool = False,
     log_level: str = "warning",
     start_timeout: float = 120.0,
+    use_uvloop: bool = True,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -374,10 +450,21 @@ def start_openai_server(
 
     ``serve_argv`` adds ``vllm serve`` options; ``args`` replaces the whole
     namespace. With ``shutdown_engine=True``, :meth:`OpenAIServer.stop` shuts
-    the engine down after the server has stopped.
+    the engine down after the server has stopped. The server's loop is uvloop
+    when it is installed, as with ``vllm serve``; ``use_uvloop=False`` runs it
+    on asyncio's own loop.
     """
     server = _prepare(
-        engine, host, port, serve_argv, args, grace, shutdown_engine, log_level, proxy_options
+        engine,
+        host,
+        port,
+        serve_argv,
+        args,
+        grace,
+        shutdown_engine,
+        log_level,
+        use_uvloop,
+        proxy_options,
     )
     return server.start(start_timeout)
 
@@ -393,6 +480,7 @@ async def astart_openai_server(
     shutdown_engine: bool = False,
     log_level: str = "warning",
     start_timeout: float = 120.0,
+    use_uvloop: bool = True,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.
@@ -401,7 +489,16 @@ async def astart_openai_server(
     methods: the actor's loop keeps serving the engine while the server starts.
     """
     server = _prepare(
-        engine, host, port, serve_argv, args, grace, shutdown_engine, log_level, proxy_options
+        engine,
+        host,
+        port,
+        serve_argv,
+        args,
+        grace,
+        shutdown_engine,
+        log_level,
+        use_uvloop,
+        proxy_options,
     )
     return await server.astart(start_timeout)
 
@@ -415,6 +512,7 @@ def _prepare(
     grace: float,
     shutdown_engine: bool,
     log_level: str,
+    use_uvloop: bool,
     proxy_options: dict[str, Any],
 ) -> OpenAIServer:
     from loopbridge_vllm.engine import engine_client_proxy, is_engine_client_proxy
@@ -442,4 +540,5 @@ def _prepare(
         grace=grace,
         log_level=log_level,
         engine=client if shutdown_engine else None,
+        use_uvloop=use_uvloop,
     )
