@@ -133,8 +133,33 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
         return Sample(start, t1 - t0, t1 - t0, 0, f"{type(exc).__name__}: {exc}"[:300])
 
 
+async def _open_connections(client: Any, n: int) -> None:
+    """Open ``n`` kept-alive connections before the clock starts.
+
+    Each of ``n`` requests holds its connection until all ``n`` have their
+    response headers, so the pool ends up with ``n`` distinct connections,
+    which the workers then reuse: no measured request pays for a connect.
+    """
+    opened = 0
+    all_open = asyncio.Event()
+
+    async def hold() -> None:
+        nonlocal opened
+        # /v1/models needs no engine call, so every mode answers it alike.
+        async with client.stream("GET", "/v1/models") as resp:
+            if resp.status_code != 200:
+                raise RuntimeError(f"GET /v1/models answered {resp.status_code}")
+            opened += 1
+            if opened == n:
+                all_open.set()
+            await all_open.wait()
+            await resp.aread()  # read to the end: the connection goes back to the pool
+
+    await asyncio.gather(*(hold() for _ in range(n)))
+
+
 async def run_job(job: Job) -> tuple[float, list[Sample]]:
-    """Run ``job`` with ``concurrency`` persistent workers; return (wall s, samples)."""
+    """Run ``job`` with ``concurrency`` workers on kept-alive connections; return (wall s, samples)."""
     import httpx
 
     limits = httpx.Limits(
@@ -142,7 +167,9 @@ async def run_job(job: Job) -> tuple[float, list[Sample]]:
     )
     samples: list[Sample] = []
     next_i = 0
+    workers = min(job.concurrency, job.requests)
     async with httpx.AsyncClient(base_url=job.url, timeout=job.timeout_s, limits=limits) as client:
+        await _open_connections(client, workers)
         t_job = time.perf_counter()
 
         async def worker() -> None:
@@ -152,7 +179,7 @@ async def run_job(job: Job) -> tuple[float, list[Sample]]:
                 next_i += 1
                 samples.append(await _one(client, job, i, t_job))
 
-        await asyncio.gather(*(worker() for _ in range(min(job.concurrency, job.requests))))
+        await asyncio.gather(*(worker() for _ in range(workers)))
         wall = time.perf_counter() - t_job
     return wall, samples
 

@@ -8,9 +8,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["percentile", "summarize", "markdown", "plot"]
+__all__ = [
+    "markdown",
+    "percentile",
+    "plot",
+    "scenario_key",
+    "summarize",
+    "target_checks",
+    "versions_line",
+]
 
-MODE_COLORS = {"unsafe": "#7f7f7f", "per-hop": "#d62728", "loopbridge": "#1f77b4"}
+MODE_COLORS = {
+    "stock": "#000000",
+    "unsafe": "#7f7f7f",
+    "per-hop": "#d62728",
+    "loopbridge": "#1f77b4",
+}
+#: What the threaded modes are compared with: ``vllm serve`` itself, then the unsafe original.
+BASELINES = ("stock", "unsafe", "per-hop")
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -24,8 +39,12 @@ def percentile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _cell_key(c: int, busy: bool) -> str:
-    return f"c{c}{'-busy' if busy else ''}"
+def scenario_key(stream: bool, c: int, busy: bool) -> str:
+    return f"{'stream' if stream else 'nostream'}-c{c}{'-busy' if busy else ''}"
+
+
+def _rec_key(rec: dict[str, Any]) -> str:
+    return scenario_key(rec.get("stream", True), rec["concurrency"], rec["busy"])
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -37,15 +56,16 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     modes of the same scenario, so drift hits both sides alike (rounds
     interleave the modes).
     """
-    groups: dict[tuple[int, bool, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[bool, bool, int, str], list[dict[str, Any]]] = {}
     for rec in records:
         if rec["warmup"]:
             continue
-        groups.setdefault((rec["concurrency"], rec["busy"], rec["mode"]), []).append(rec)
+        key = (rec["busy"], not rec.get("stream", True), rec["concurrency"], rec["mode"])
+        groups.setdefault(key, []).append(rec)
     rows: list[dict[str, Any]] = []
     order = {m: i for i, m in enumerate(MODE_COLORS)}
-    for (c, busy, mode), recs in sorted(
-        groups.items(), key=lambda kv: (kv[0][1], kv[0][0], order.get(kv[0][2], 9))
+    for (busy, nostream, c, mode), recs in sorted(
+        groups.items(), key=lambda kv: (*kv[0][:3], order.get(kv[0][3], 9))
     ):
         ok = [s for r in recs for s in r["samples"] if s["error"] is None]
         errors = [s["error"] for r in recs for s in r["samples"] if s["error"] is not None]
@@ -58,7 +78,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ]
         rows.append(
             {
-                "scenario": _cell_key(c, busy),
+                "scenario": scenario_key(not nostream, c, busy),
+                "stream": not nostream,
                 "concurrency": c,
                 "busy": busy,
                 "mode": mode,
@@ -82,13 +103,14 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
     by = {(r["scenario"], r["mode"]): r for r in rows}
     for r in rows:
-        for base in ("unsafe", "per-hop"):
+        for base in BASELINES:
             b = by.get((r["scenario"], base))
             if b is None or b is r:
                 continue
             tag = base.replace("-", "")
+            for stat in ("ttft_p50", "ttft_p99", "e2e_p50"):
+                r[f"{stat}_vs_{tag}"] = _ratio(r[stat], b[stat])
             r[f"p99_vs_{tag}"] = _ratio(r["e2e_p99"], b["e2e_p99"])
-            r[f"ttft_p99_vs_{tag}"] = _ratio(r["ttft_p99"], b["ttft_p99"])
             r[f"rate_vs_{tag}"] = _ratio(r["rate_rps"], b["rate_rps"])
             paired = [_ratio(x, y) for x, y in zip(r["e2e_p99_rounds"], b["e2e_p99_rounds"])]
             paired = [x for x in paired if not math.isnan(x)]
@@ -110,51 +132,87 @@ def _x(x: float | None) -> str:
     return "" if x is None or math.isnan(x) else f"{x:.2f}x"
 
 
+def versions_line(meta: dict[str, Any]) -> str:
+    """Which releases produced a figure: every table and plot carries this."""
+    v = meta["versions"]
+    line = (
+        f"vLLM {v.get('vllm', '?')}, torch {v.get('torch', '?')}, Python {meta['python']}, "
+        f"loopbridge {v.get('loopbridge', '?')}"
+    )
+    stock = meta.get("stock_vllm_version")
+    if stock:
+        line += f"; the stock server reported vLLM {stock}"
+    return line + "."
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
-        f"Streaming: {meta['stream']}; prompt {meta['prompt_len']} tokens, output "
+        f"{versions_line(meta)} Prompt {meta['prompt_len']} tokens, output "
         f"{meta['output_len']} tokens; {meta['requests']} requests per mode per round, "
-        f"{meta['rounds']} measured rounds. Latencies in ms (pooled over rounds); rate = median "
-        "requests/s over rounds.",
+        f"{meta['rounds']} measured rounds, kept-alive connections (one per worker, opened "
+        "before the clock starts). Latencies in ms (pooled over rounds; without streaming, "
+        "TTFT is the whole response); rate = median requests/s over rounds. Ratios are "
+        "against `stock` (`vllm serve`) in the same scenario, measured interleaved.",
         "",
-        "| scenario | mode | req/s | TTFT p50 | TTFT p95 | TTFT p99 | e2e p50 | e2e p95 | e2e p99 | errors | p99 vs unsafe | p99 vs per-hop | rate vs unsafe |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | mode | req/s | TTFT p50 | TTFT p99 | e2e p50 | e2e p99 | errors "
+        "| TTFT p50 vs stock | TTFT p99 vs stock | e2e p50 vs stock | e2e p99 vs stock "
+        "| req/s vs stock | e2e p99 vs per-hop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         err = str(r["errors"]) + (f" (engine died {r['engine_died']}x)" if r["engine_died"] else "")
         lines.append(
             f"| {r['scenario']} | {r['mode']} | {r['rate_rps']:.2f} | {_ms(r['ttft_p50'])} | "
-            f"{_ms(r['ttft_p95'])} | {_ms(r['ttft_p99'])} | {_ms(r['e2e_p50'])} | "
-            f"{_ms(r['e2e_p95'])} | {_ms(r['e2e_p99'])} | {err} | {_x(r.get('p99_vs_unsafe'))} | "
-            f"{_x(r.get('p99_vs_perhop'))} | {_x(r.get('rate_vs_unsafe'))} |"
+            f"{_ms(r['ttft_p99'])} | {_ms(r['e2e_p50'])} | {_ms(r['e2e_p99'])} | {err} | "
+            f"{_x(r.get('ttft_p50_vs_stock'))} | {_x(r.get('ttft_p99_vs_stock'))} | "
+            f"{_x(r.get('e2e_p50_vs_stock'))} | {_x(r.get('p99_vs_stock'))} | "
+            f"{_x(r.get('rate_vs_stock'))} | {_x(r.get('p99_vs_perhop'))} |"
         )
     checks = target_checks(rows)
     if checks:
-        lines += ["", "| scenario | target (loopbridge) | measured | met |", "|---|---|---|---|"]
+        met = sum(1 for c in checks if c["met"])
+        lines += [
+            "",
+            f"Targets: {met} of {len(checks)} met.",
+            "",
+            "| scenario | target (loopbridge) | measured | met |",
+            "|---|---|---|---|",
+        ]
         for c in checks:
             lines.append(
                 f"| {c['scenario']} | {c['what']} | {c['value']} | {'yes' if c['met'] else '**no**'} |"
             )
+    lines += ["", f"Command: `python -m loopbridge_vllm.bench {' '.join(meta['argv'])}`".rstrip()]
     return "\n".join(lines)
 
 
 def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The project's HTTP targets, checked for every scenario that has the modes."""
+    """The project's HTTP targets, checked for every scenario that has the modes.
+
+    Against stock (idle owner only: ``vllm serve`` has no owner loop to load):
+    p50 and p99 of TTFT (streaming; without streaming TTFT is the response, so
+    the e2e checks cover it) and of e2e within 1.05x, request rate at least
+    0.98x.  Against the raw engine and the per-hop fix as before.
+    """
     out: list[dict[str, Any]] = []
     for r in rows:
         if r["mode"] != "loopbridge":
             continue
         sc = r["scenario"]
 
-        def add(
-            what: str, value: float, limit: float, fmt: str = "{:.2f}x", ge: bool = False
-        ) -> None:
+        def add(what: str, value: float, limit: float, ge: bool = False, sc: str = sc) -> None:
             if math.isnan(value):
                 return
             met = value >= limit if ge else value <= limit
-            out.append({"scenario": sc, "what": what, "value": fmt.format(value), "met": met})
+            out.append({"scenario": sc, "what": what, "value": f"{value:.2f}x", "met": met})
 
         if not r["busy"]:
+            if r["stream"]:
+                add("TTFT p50 ≤ 1.05x stock", r.get("ttft_p50_vs_stock", math.nan), 1.05)
+                add("TTFT p99 ≤ 1.05x stock", r.get("ttft_p99_vs_stock", math.nan), 1.05)
+            add("e2e p50 ≤ 1.05x stock", r.get("e2e_p50_vs_stock", math.nan), 1.05)
+            add("e2e p99 ≤ 1.05x stock", r.get("p99_vs_stock", math.nan), 1.05)
+            add("req/s ≥ 0.98x stock", r.get("rate_vs_stock", math.nan), 0.98, ge=True)
             add("p99 ≤ 1.05x unsafe", r.get("p99_vs_unsafe", math.nan), 1.05)
             add("req/s ≥ 0.98x unsafe", r.get("rate_vs_unsafe", math.nan), 0.98, ge=True)
         add("p99 ≤ 0.8x per-hop", r.get("p99_vs_perhop", math.nan), 0.8)
@@ -170,9 +228,16 @@ def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot(
-    records: list[dict[str, Any]], rows: list[dict[str, Any]], out_dir: Path, title: str
+    records: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    out_dir: Path,
+    title: str,
+    meta: dict[str, Any],
 ) -> list[Path]:
-    """latency_cdf.png (one panel per scenario) and latency_p99.png (p99 vs concurrency)."""
+    """latency_cdf.png (one panel per scenario) and latency_p99.png (p99 vs concurrency).
+
+    Both carry the versions that produced them (:func:`versions_line`).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,17 +248,16 @@ def plot(
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     if not scenarios:
         return out
-    ncols = min(2, len(scenarios))
+    footer = versions_line(meta)
+    ncols = min(3, len(scenarios))
     nrows = math.ceil(len(scenarios) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 4.0 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 3.8 * nrows), squeeze=False)
     for ax, sc in zip(axes.flat, scenarios):
         for mode in modes:
             xs = sorted(
                 s["e2e"]
                 for rec in records
-                if not rec["warmup"]
-                and rec["mode"] == mode
-                and _cell_key(rec["concurrency"], rec["busy"]) == sc
+                if not rec["warmup"] and rec["mode"] == mode and _rec_key(rec) == sc
                 for s in rec["samples"]
                 if s["error"] is None
             )
@@ -206,60 +270,54 @@ def plot(
         ax.set_ylabel("fraction of requests")
         ax.axhline(0.99, color="k", lw=0.5, ls=":")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower right", fontsize=8)
     for ax in list(axes.flat)[len(scenarios) :]:
         ax.set_visible(False)
     fig.suptitle(f"Latency CDF per mode: {title}")
-    fig.tight_layout()
+    fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     path = out_dir / "latency_cdf.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     out.append(path)
 
-    busy_kinds = sorted({r["busy"] for r in rows})
-    fig, axes = plt.subplots(
-        1, len(busy_kinds), figsize=(6.2 * len(busy_kinds), 4.0), squeeze=False
-    )
-    for ax, busy in zip(axes.flat, busy_kinds):
+    panels = sorted({(r["busy"], not r["stream"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.2), squeeze=False)
+    for ax, (busy, nostream) in zip(axes.flat, panels):
+        mine = [r for r in rows if r["busy"] == busy and r["stream"] != nostream]
         for mode in modes:
-            pts = sorted(
-                (r["concurrency"], r["e2e_p99"])
-                for r in rows
-                if r["mode"] == mode and r["busy"] == busy
-            )
-            if not pts:
-                continue
-            ax.plot(
-                [p[0] for p in pts],
-                [p[1] * 1e3 for p in pts],
-                marker="o",
-                label=f"{mode} e2e",
-                color=MODE_COLORS.get(mode),
-            )
-            tt = sorted(
-                (r["concurrency"], r["ttft_p99"])
-                for r in rows
-                if r["mode"] == mode and r["busy"] == busy
-            )
-            ax.plot(
-                [p[0] for p in tt],
-                [p[1] * 1e3 for p in tt],
-                marker="x",
-                ls="--",
-                label=f"{mode} TTFT",
-                color=MODE_COLORS.get(mode),
-            )
-        ax.set_title("busy owner loop" if busy else "idle owner loop")
-        ax.set_xlabel("concurrency")
+            for stat, marker, ls, label in (
+                ("e2e_p99", "o", "-", "e2e"),
+                ("ttft_p99", "x", "--", "TTFT"),
+            ):
+                if nostream and stat == "ttft_p99":
+                    continue  # the same as e2e without streaming
+                pts = sorted((r["concurrency"], r[stat]) for r in mine if r["mode"] == mode)
+                if not pts:
+                    continue
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] * 1e3 for p in pts],
+                    marker=marker,
+                    ls=ls,
+                    label=f"{mode} {label}",
+                    color=MODE_COLORS.get(mode),
+                )
+        ax.set_title(
+            f"{'non-streaming' if nostream else 'streaming'}, "
+            f"{'busy' if busy else 'idle'} owner loop"
+        )
+        ax.set_xlabel("concurrency (kept-alive connections)")
         ax.set_ylabel("p99 latency (ms)")
         ax.set_xscale("log", base=2)
-        cs = sorted({r["concurrency"] for r in rows})
+        cs = sorted({r["concurrency"] for r in mine})
         ax.set_xticks(cs, [str(c) for c in cs])
         ax.minorticks_off()
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle(f"p99 vs concurrency: {title}")
-    fig.tight_layout()
+    fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = out_dir / "latency_p99.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -32,9 +32,18 @@ from typing import Any
 
 from loopbridge import LoopThread
 
-__all__ = ["MODES", "BusyLoad", "EngineSpec", "Stack"]
+__all__ = [
+    "THREADED_MODES",
+    "BusyLoad",
+    "EngineSpec",
+    "Stack",
+    "engine_args",
+    "engine_overrides",
+    "prepare_model",
+]
 
-MODES = ("unsafe", "per-hop", "loopbridge")
+#: The modes served by a thread of this process (``stock`` is a process of its own).
+THREADED_MODES = ("unsafe", "per-hop", "loopbridge")
 SERVED_NAME = "bench"
 
 
@@ -112,7 +121,7 @@ async def _busy(engine: Any, load: BusyLoad, counters: dict[str, int]) -> None:
 class Stack:
     """Engine on its owner thread plus one OpenAI server per mode."""
 
-    def __init__(self, spec: EngineSpec, modes: tuple[str, ...] = MODES) -> None:
+    def __init__(self, spec: EngineSpec, modes: tuple[str, ...] = THREADED_MODES) -> None:
         self.spec = spec
         self.modes = modes
         self.owner: LoopThread | None = None
@@ -129,24 +138,9 @@ class Stack:
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> Stack:
         spec = self.spec
-        if spec.model is None:
-            from loopbridge_vllm.cpu_engine import STEP_ENV, build_tiny_model, cpu_engine_env
-
-            cpu_engine_env(spec.cache_dir / "vllm")
-            os.environ[STEP_ENV] = repr(spec.step_s)  # read by the spawned EngineCore
-            model_dir: Path = build_tiny_model(spec.cache_dir / "tiny-model")
-        else:
-            model_dir = spec.model
-        overrides: dict[str, Any] = {
-            "served_model_name": [SERVED_NAME],
-            "max_num_seqs": spec.max_num_seqs,
-            "disable_log_stats": True,
-        }
-        if spec.max_model_len:
-            overrides["max_model_len"] = spec.max_model_len
-        overrides.update(dict(spec.engine_args))
+        model_dir = prepare_model(spec)
         self.owner = LoopThread("bench-engine-owner").start()
-        self.engine = self.owner.run(_make_engine, model_dir, spec.model is None, overrides)
+        self.engine = self.owner.run(_make_engine, engine_args(spec, model_dir))
         # vLLM's own server caches this at start-up; doing it on the owner loop
         # means the unsafe server needs no utility call from its thread.
         self.owner.run(self.engine.get_supported_tasks)
@@ -173,7 +167,7 @@ class Stack:
             return OpenAIServer(client, name="bench-http-per-hop").start(120)  # type: ignore[arg-type]
         if mode == "loopbridge":
             return start_openai_server(self.engine, start_timeout=120)
-        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
+        raise ValueError(f"unknown mode {mode!r}; choose from {THREADED_MODES}")
 
     def url(self, mode: str) -> str:
         return str(self.servers[mode].url)
@@ -224,6 +218,45 @@ class Stack:
             self._busy = owner.run(_start_task, _busy(self.engine, load, self.busy_counters))
 
 
+def engine_overrides(spec: EngineSpec) -> dict[str, Any]:
+    """Engine arguments on top of the defaults (the stand-in's, or vLLM's)."""
+    overrides: dict[str, Any] = {
+        "served_model_name": [SERVED_NAME],
+        "max_num_seqs": spec.max_num_seqs,
+        "disable_log_stats": True,
+    }
+    if spec.max_model_len:
+        overrides["max_model_len"] = spec.max_model_len
+    overrides.update(dict(spec.engine_args))
+    return overrides
+
+
+def engine_args(spec: EngineSpec, model_dir: Path) -> Any:
+    """The ``AsyncEngineArgs`` the threaded stack's engine is built from."""
+    if spec.model is None:
+        from loopbridge_vllm.cpu_engine import engine_args as standin_args
+
+        return standin_args(model_dir, **engine_overrides(spec))
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(model=str(model_dir), **engine_overrides(spec))
+
+
+def prepare_model(spec: EngineSpec) -> Path:
+    """The model directory; for the stand-in also the CPU environment of its engines.
+
+    The environment (``os.environ``) is inherited by every EngineCore spawned
+    after this, in this process or in a ``vllm serve`` child.
+    """
+    if spec.model is not None:
+        return spec.model
+    from loopbridge_vllm.cpu_engine import STEP_ENV, build_tiny_model, cpu_engine_env
+
+    cpu_engine_env(spec.cache_dir / "vllm")
+    os.environ[STEP_ENV] = repr(spec.step_s)  # read by the spawned EngineCore
+    return build_tiny_model(spec.cache_dir / "tiny-model")
+
+
 def _lock_input_socket(engine: Any) -> None:
     """Serialize sends on the engine's input socket (see the module docstring)."""
     sock = engine.engine_core.input_socket
@@ -262,12 +295,8 @@ async def _stop_task(task: asyncio.Task[None]) -> None:
         pass
 
 
-async def _make_engine(model_dir: Path, standin: bool, overrides: dict[str, Any]) -> Any:
-    if standin:
-        from loopbridge_vllm.cpu_engine import make_async_llm
-
-        return await make_async_llm(model_dir, **overrides)
-    from vllm.engine.arg_utils import AsyncEngineArgs
+async def _make_engine(args: Any) -> Any:
+    # On the running (owner) loop: the engine's output handler starts there.
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(model_dir), **overrides))
+    return AsyncLLM.from_engine_args(args)

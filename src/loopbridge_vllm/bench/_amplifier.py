@@ -16,6 +16,10 @@ the end of the waiter deque whose ``done()`` holds the setter (after the real
 waiter was resolved) until the foreign-loop waiter has run, waking that loop
 as network traffic would. When every waiter lives on the running loop (the
 loop-safe path) it does nothing but count.
+
+It patches a class attribute of ``asyncio.Event``, so it affects the whole
+process while installed: the benchmark installs it only around its
+correctness phase, never during the latency rounds.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 
@@ -32,13 +37,18 @@ def _noop() -> None:
     pass
 
 
+__all__ = ["CollectorSetHold"]
+
+
 class CollectorSetHold:
+    """Hold ``Event.set`` from ``RequestOutputCollector.put`` until a foreign waiter ran."""
+
     def __init__(self, hold_timeout: float = 1.0) -> None:
         from vllm.v1.engine.output_processor import RequestOutputCollector
 
         self._put_code = RequestOutputCollector.put.__code__
         self._hold_timeout = hold_timeout
-        self._original: Any = None
+        self._original: Callable[[asyncio.Event], None] | None = None
         self._lock = threading.Lock()
         self.collector_sets = 0  # Event.set calls made by RequestOutputCollector.put
         self.foreign_sets = 0  # ... of which had a waiter on another loop
@@ -50,10 +60,10 @@ class CollectorSetHold:
         original = asyncio.Event.set
         hook = self
 
-        def set(event: asyncio.Event) -> None:
+        def set(self: asyncio.Event) -> None:
             if sys._getframe(1).f_code is not hook._put_code:
-                return original(event)
-            return hook._collector_set(event, original)
+                return original(self)
+            return hook._collector_set(self, original)
 
         self._original = original
         asyncio.Event.set = set  # type: ignore[method-assign]
@@ -61,7 +71,7 @@ class CollectorSetHold:
 
     def uninstall(self) -> None:
         if self._original is not None:
-            asyncio.Event.set = self._original  # type: ignore[method-assign]
+            asyncio.Event.set = self._original  # type: ignore[method-assign,assignment]
             self._original = None
 
     def __enter__(self) -> CollectorSetHold:
@@ -70,7 +80,9 @@ class CollectorSetHold:
     def __exit__(self, *exc: object) -> None:
         self.uninstall()
 
-    def _collector_set(self, event: asyncio.Event, original: Any) -> None:
+    def _collector_set(
+        self, event: asyncio.Event, original: Callable[[asyncio.Event], None]
+    ) -> None:
         with self._lock:
             self.collector_sets += 1
         waiters: deque[Any] | None = getattr(event, "_waiters", None)
@@ -104,7 +116,7 @@ class _Hold:
         self._waiters = waiters
         self._foreign = foreign
 
-    def get_loop(self) -> None:
+    def get_loop(self) -> None:  # never the running loop: never resolved by set()
         return None
 
     def done(self) -> bool:

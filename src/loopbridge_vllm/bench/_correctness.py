@@ -1,0 +1,155 @@
+"""The correctness phase: the race, made certain, against the raw engine and loopbridge.
+
+One engine of its own (never the latency rounds' engine: the unsafe run kills
+its output handler) serves two OpenAI servers on their own threads: one over
+the raw ``AsyncLLM``, as the downstream deployment did, and one through
+loopbridge.  With :class:`CollectorSetHold` installed, every collector wake-up
+whose waiter lives on the HTTP thread's loop overlaps that waiter, so the raw
+engine's output handler must die with ``deque mutated during iteration``;
+through loopbridge every waiter lives on the owner loop and every request must
+complete.  loopbridge runs first, so that it meets a healthy engine.
+
+Each outcome gets a named verdict; an unexpected one is reported as such, never
+hidden (for instance when the amplifier did not trigger on the raw engine).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ._amplifier import CollectorSetHold
+from ._load import Job, LoadProcess
+from ._report import versions_line
+from ._stack import EngineSpec, Stack
+
+__all__ = ["Outcome", "Verdict", "correctness_markdown", "run_correctness"]
+
+_RACE_ERROR = "deque mutated during iteration"
+_HANDLER_LOGGER = "vllm.v1.engine.async_llm"  # where the output handler logs its death
+
+
+class Verdict(enum.Enum):
+    BROKEN = "broken: the output handler died with `deque mutated during iteration`"
+    NOT_REPRODUCED = "not reproduced: the race amplifier did not break the raw engine"
+    SAFE = "safe: every request completed, engine healthy"
+    FAILED = "FAILED: requests were lost through loopbridge"
+
+
+@dataclass
+class Outcome:
+    mode: str
+    requests: int
+    ok: int
+    errors: int
+    error_examples: list[str]
+    engine_alive: bool
+    handler_error: str | None  # the exception that killed the output handler
+    collector_sets: int  # collector wake-ups the amplifier saw
+    foreign_sets: int  # ... with a waiter on another thread's loop
+    overlaps: int  # ... held until that waiter ran
+    verdict: Verdict
+    expected: bool = field(default=False)
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["verdict"] = self.verdict.name
+        out["verdict_text"] = self.verdict.value
+        return out
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.causes: list[BaseException] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.causes.append(record.exc_info[1])
+
+
+def run_correctness(
+    spec: EngineSpec,
+    load: LoadProcess,
+    *,
+    requests: int,
+    concurrency: int,
+    timeout_s: float,
+) -> list[Outcome]:
+    """Run loopbridge, then the raw engine, with the amplifier on; the engine is gone after."""
+    stack = Stack(
+        replace(spec, max_num_seqs=max(spec.max_num_seqs, concurrency)), ("loopbridge", "unsafe")
+    )
+    errors = _Errors()
+    handler_log = logging.getLogger(_HANDLER_LOGGER)
+    outcomes: list[Outcome] = []
+    stack.start()
+    try:
+        handler_log.addHandler(errors)
+        for mode in ("loopbridge", "unsafe"):
+            job = Job(
+                url=stack.url(mode),
+                model=stack.served_name,
+                requests=requests,
+                concurrency=concurrency,
+                prompt_len=8,
+                output_len=8,
+                stream=False,
+                timeout_s=timeout_s,
+            )
+            with CollectorSetHold() as hook:
+                _, samples = load.run(job)
+            alive = stack.healthy
+            bad = [s.error for s in samples if s.error is not None]
+            race = next((c for c in errors.causes if _RACE_ERROR in str(c)), None)
+            cause = race or (errors.causes[0] if errors.causes else None)
+            if mode == "loopbridge":
+                verdict = Verdict.SAFE if not bad and alive else Verdict.FAILED
+                expected = verdict is Verdict.SAFE
+            else:
+                verdict = (
+                    Verdict.BROKEN if race is not None and not alive else Verdict.NOT_REPRODUCED
+                )
+                expected = verdict is Verdict.BROKEN
+            outcomes.append(
+                Outcome(
+                    mode=mode,
+                    requests=len(samples),
+                    ok=len(samples) - len(bad),
+                    errors=len(bad),
+                    error_examples=sorted(set(bad))[:3],
+                    engine_alive=alive,
+                    handler_error=None if cause is None else f"{type(cause).__name__}: {cause}",
+                    collector_sets=hook.collector_sets,
+                    foreign_sets=hook.foreign_sets,
+                    overlaps=hook.overlaps,
+                    verdict=verdict,
+                    expected=expected,
+                )
+            )
+    finally:
+        handler_log.removeHandler(errors)
+        stack.stop()
+    return outcomes
+
+
+def correctness_markdown(outcomes: list[Outcome], meta: dict[str, Any]) -> str:
+    """The phase's table, with the versions that produced it."""
+    lines = [
+        "Correctness phase: the race amplifier (`CollectorSetHold`) on, "
+        f"{outcomes[0].requests if outcomes else 0} non-streaming requests per mode, "
+        f"c = {meta['correctness']['concurrency']}, one engine of its own. "
+        f"{versions_line(meta)}",
+        "",
+        "| mode | ok / requests | engine after | output handler | foreign wake-ups held | verdict | as expected |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        lines.append(
+            f"| {o.mode} | {o.ok} / {o.requests} | {'healthy' if o.engine_alive else 'dead'} | "
+            f"{o.handler_error or 'running'} | {o.overlaps} of {o.collector_sets} | "
+            f"{o.verdict.value} | {'yes' if o.expected else '**no**'} |"
+        )
+    return "\n".join(lines)
