@@ -19,6 +19,9 @@ class Engine:
         self.name = name
         self.log: list[Any] = []
         self.counter = 0
+        # Set on the owner loop when a member starts: tests wait for these
+        # instead of sleeping until the call has probably got there.
+        self.started = {"sleep": threading.Event(), "count": threading.Event()}
 
     def describe(self) -> str:
         return f"engine {self.name}"
@@ -39,16 +42,18 @@ class Engine:
         raise ValueError(message)
 
     async def sleep(self, seconds: float) -> str:
+        self.started["sleep"].set()
         try:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError as exc:
             self.log.append(("cancelled", exc.args, asyncio.get_running_loop()))
-            await asyncio.sleep(0.01)  # cleanup that needs the loop
+            await asyncio.sleep(0.01)  # cleanup that takes a while, on the loop
             self.log.append(("cleanup done", asyncio.get_running_loop()))
             raise
         return "slept"
 
     async def count(self, n: int, delay: float = 0.0) -> AsyncIterator[int]:
+        self.started["count"].set()
         try:
             for i in range(n):
                 if delay:
@@ -62,6 +67,12 @@ class Engine:
             raise
         finally:
             self.log.append(("finally", asyncio.get_running_loop()))
+
+
+async def until_set(event: threading.Event, timeout: float = 30.0) -> None:
+    """Wait, without blocking the running loop, for an event another thread sets."""
+    if not await asyncio.to_thread(event.wait, timeout):
+        raise AssertionError(f"not set within {timeout} s")
 
 
 def _make_owner(kind: str) -> lb.LoopThread:
