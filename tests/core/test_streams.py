@@ -125,8 +125,8 @@ def test_items_are_handed_over_in_batches(asyncio_owner: lb.LoopThread) -> None:
         async for _ in p.items(total):
             n += 1
             if n % 1000 == 0:
-                # A busy consumer: items pile up (half a window) before it goes on.
-                await _until_produced(p, min(total, n + window // 2))
+                # A busy consumer: items pile up (a quarter window) before it goes on.
+                await _until_produced(p, min(total, n + window // 4))
         assert n == total
 
     asyncio.run(main())
