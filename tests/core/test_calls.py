@@ -13,7 +13,7 @@ import pytest
 import loopbridge as lb
 import loopbridge.metrics
 
-from .conftest import Engine, tasks_on, until_set
+from .conftest import Engine, cancel_once_sleeping, tasks_on, until_set
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -104,15 +104,8 @@ def test_caller_cancel_cancels_owner_task_with_message_and_waits_for_cleanup(
     p = lb.proxy(engine)
 
     async def main() -> None:
-        task = asyncio.create_task(p.sleep(30))
-        await until_set(engine.started["sleep"])
-        task.cancel("client went away")
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        # The owner's cleanup finished *before* the caller's cancel completed.
-        assert engine.log[0][:2] == ("cancelled", ("client went away",))
-        assert engine.log[0][2] is owner.loop
-        assert engine.log[1][0] == "cleanup done"
+        await cancel_once_sleeping(p, engine, "client went away")
+        assert engine.log[0][2] is owner.loop  # the owner task was the one cancelled
 
     asyncio.run(main())
     assert not tasks_on(owner.loop)
@@ -366,13 +359,7 @@ def test_eager_calls_keep_results_errors_and_cancellation(
         assert await p.where() is owner.loop  # suspends: continues in a task
         with pytest.raises(ValueError, match="eager"):
             await p.fail("eager")
-        task = asyncio.create_task(p.sleep(30))
-        await until_set(engine.started["sleep"])
-        task.cancel("stop")
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert engine.log[0][:2] == ("cancelled", ("stop",))
-        assert engine.log[1][0] == "cleanup done"
+        await cancel_once_sleeping(p, engine, "stop")
 
     asyncio.run(main())
     assert lb.blocking(p).echo(4) == 4

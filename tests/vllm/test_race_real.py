@@ -77,7 +77,7 @@ def test_raw_async_llm_shared_with_server_thread_dies(tiny_model: Any) -> None:
 def test_same_run_through_loopbridge_is_safe(
     shared_engine: tuple[Any, Any], engine_proxy: Any
 ) -> None:
-    owner, llm = shared_engine
+    _, llm = shared_engine
 
     with CollectorSetHold() as hook:
         server = start_openai_server(engine_proxy)
