@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import IO, Any, Union
+from typing import IO, Any
 
 from ._labels import thread_name
 from ._ports import Port, _ports, _registry_lock
@@ -212,7 +212,7 @@ def format_inflight(entries: list[dict[str, Any]] | None = None) -> str:
 
 
 # ------------------------------------------------------------- signal hook
-_Handler = Union[Callable[[int, Any], Any], int, signal.Handlers, None]
+_Handler = Callable[[int, Any], Any] | int | signal.Handlers | None
 
 
 def install_hang_dump(sig: int | None = None, *, file: IO[str] | None = None) -> _Handler:

@@ -16,8 +16,8 @@ from typing import Any, Generic, TypeVar, cast
 
 from ._calls import call_from_loop, call_from_thread, call_from_trio
 from ._codegen import build
-from ._errors import LoopAffinityError
 from ._construction import NoPublicConstructor
+from ._errors import LoopAffinityError
 from ._metrics import Metrics
 from ._ownership import MemberKind, Ownership, classify, original, ownership_of
 from ._ports import get_running_loop

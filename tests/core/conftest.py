@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,9 @@ class Engine:
         self.name = name
         self.log: list[Any] = []
         self.counter = 0
+        # Set on the owner loop when a member starts: tests wait for these
+        # instead of sleeping until the call has probably got there.
+        self.started = {"sleep": threading.Event(), "count": threading.Event()}
 
     def describe(self) -> str:
         return f"engine {self.name}"
@@ -39,16 +41,18 @@ class Engine:
         raise ValueError(message)
 
     async def sleep(self, seconds: float) -> str:
+        self.started["sleep"].set()
         try:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError as exc:
             self.log.append(("cancelled", exc.args, asyncio.get_running_loop()))
-            await asyncio.sleep(0.01)  # cleanup that needs the loop
+            await asyncio.sleep(0.01)  # cleanup that takes a while, on the loop
             self.log.append(("cleanup done", asyncio.get_running_loop()))
             raise
         return "slept"
 
     async def count(self, n: int, delay: float = 0.0) -> AsyncIterator[int]:
+        self.started["count"].set()
         try:
             for i in range(n):
                 if delay:
@@ -64,22 +68,10 @@ class Engine:
             self.log.append(("finally", asyncio.get_running_loop()))
 
 
-def _make_owner(kind: str) -> lb.LoopThread:
-    return lb.LoopThread(name=f"owner-{kind}", use_uvloop=(kind == "uvloop")).start()
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def owner(request: pytest.FixtureRequest) -> Iterator[lb.LoopThread]:
-    t = _make_owner(request.param)
-    yield t
-    t.stop()
-
-
-@pytest.fixture
-def asyncio_owner() -> Iterator[lb.LoopThread]:
-    t = _make_owner("asyncio")
-    yield t
-    t.stop()
+async def until_set(event: threading.Event, timeout: float = 30.0) -> None:
+    """Wait, without blocking the running loop, for an event another thread sets."""
+    if not await asyncio.to_thread(event.wait, timeout):
+        raise AssertionError(f"not set within {timeout} s")
 
 
 async def _new_engine(name: str = "engine") -> Engine:
@@ -91,18 +83,16 @@ def engine(owner: lb.LoopThread) -> Engine:
     return owner.run(_new_engine)
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_threads() -> Iterator[None]:
-    before = set(threading.enumerate())
-    yield
-    gc.collect()
-    deadline = threading.Event()
-    for _ in range(100):
-        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-        if not extra:
-            break
-        deadline.wait(0.02)
-    assert not extra, f"leaked threads: {extra}"
+async def cancel_once_sleeping(p: Engine, engine: Engine, msg: str) -> None:
+    """Call ``p.sleep(30)``, cancel the caller once the owner runs it, and check
+    that the owner's cleanup finished before the caller's cancellation did."""
+    task = asyncio.create_task(p.sleep(30))
+    await until_set(engine.started["sleep"])
+    task.cancel(msg)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.log[0][:2] == ("cancelled", (msg,))
+    assert engine.log[1][0] == "cleanup done"
 
 
 def tasks_on(loop: asyncio.AbstractEventLoop) -> set[asyncio.Task[Any]]:

@@ -72,7 +72,7 @@ def test_blocking_from_a_foreign_loop_thread_works(owner: lb.LoopThread, engine:
 def test_loop_thread_run_and_errors() -> None:
     t = lb.LoopThread(name="runner")
     with pytest.raises(lb.LoopAffinityError):
-        t.loop
+        _ = t.loop  # not started yet
     with t:
 
         async def add(a: int, b: int) -> int:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 import loopbridge as lb
+import loopbridge.metrics
 
-from .conftest import Engine, tasks_on
+from .conftest import Engine, cancel_once_sleeping, tasks_on, until_set
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -44,14 +45,14 @@ def test_proxy_is_an_instance_of_the_real_class(engine: Engine) -> None:
 
 def test_sync_members_are_refused_with_a_clear_error(engine: Engine) -> None:
     p = lb.proxy(engine)
-    with pytest.raises(lb.LoopAffinityError, match="stable=.*threadsafe="):
+    with pytest.raises(lb.LoopAffinityError, match=r"stable=.*threadsafe="):
         p.bump()
     with pytest.raises(lb.LoopAffinityError, match="'log'"):
-        p.log  # instance attribute, not declared
+        _ = p.log  # instance attribute, not declared
     with pytest.raises(lb.LoopAffinityError, match="cannot set"):
         p.name = "other"
     with pytest.raises(AttributeError):
-        p.no_such_member
+        _ = p.no_such_member
     assert engine.counter == 0
 
 
@@ -103,15 +104,8 @@ def test_caller_cancel_cancels_owner_task_with_message_and_waits_for_cleanup(
     p = lb.proxy(engine)
 
     async def main() -> None:
-        task = asyncio.create_task(p.sleep(30))
-        await asyncio.sleep(0.05)
-        task.cancel("client went away")
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        # The owner's cleanup finished *before* the caller's cancel completed.
-        assert engine.log[0][:2] == ("cancelled", ("client went away",))
-        assert engine.log[0][2] is owner.loop
-        assert engine.log[1][0] == "cleanup done"
+        await cancel_once_sleeping(p, engine, "client went away")
+        assert engine.log[0][2] is owner.loop  # the owner task was the one cancelled
 
     asyncio.run(main())
     assert not tasks_on(owner.loop)
@@ -120,29 +114,41 @@ def test_caller_cancel_cancels_owner_task_with_message_and_waits_for_cleanup(
 def test_cancel_grace_is_bounded(asyncio_owner: lb.LoopThread) -> None:
     @lb.loop_affine
     class Stubborn:
+        def __init__(self) -> None:
+            self.holding = threading.Event()
+            self.release = asyncio.Event()
+            self.cleaned_up = False
+
         async def hold(self) -> None:
+            self.holding.set()
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
-                await asyncio.sleep(1.0)  # slow cleanup
+                await self.release.wait()  # a cleanup that never ends by itself
+                self.cleaned_up = True
                 raise
 
     async def make() -> Stubborn:
         return Stubborn()
 
-    p = lb.proxy(asyncio_owner.run(make), cancel_grace=0.1)
+    stubborn = asyncio_owner.run(make)
+    p = lb.proxy(stubborn, cancel_grace=0.1)
 
     async def main() -> float:
         task = asyncio.create_task(p.hold())
-        await asyncio.sleep(0.05)
+        await until_set(stubborn.holding)
         t0 = asyncio.get_running_loop().time()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await asyncio.wait_for(task, 60)  # without the grace bound: a hang
         return asyncio.get_running_loop().time() - t0
 
     waited = asyncio.run(main())
-    assert 0.05 <= waited < 0.9
+    # The caller stopped waiting after the grace period, while the owner's
+    # cleanup was still running (it only ends when released below).
+    assert waited >= 0.05
+    assert not stubborn.cleaned_up
+    asyncio_owner.loop.call_soon_threadsafe(stubborn.release.set)
 
 
 def test_owner_side_cancel_reaches_the_caller_as_cancelled_error(
@@ -160,7 +166,7 @@ def test_owner_side_cancel_reaches_the_caller_as_cancelled_error(
 
     async def main() -> None:
         task = asyncio.create_task(p.sleep(30))
-        await asyncio.sleep(0.05)
+        await until_set(engine.started["sleep"])
         assert (
             await asyncio.wrap_future(
                 asyncio.run_coroutine_threadsafe(cancel_owner_tasks(), owner.loop)
@@ -223,8 +229,10 @@ def test_adopt_a_foreign_instance(asyncio_owner: lb.LoopThread) -> None:
         def __init__(self) -> None:
             self.config = {"k": 1}
             self.event = asyncio.Event()
+            self.waiting = threading.Event()
 
         async def wait_and_get(self) -> str:
+            self.waiting.set()
             await self.event.wait()
             return "woken"
 
@@ -243,7 +251,7 @@ def test_adopt_a_foreign_instance(asyncio_owner: lb.LoopThread) -> None:
 
     async def main() -> None:
         waiter = asyncio.create_task(p.wait_and_get())
-        await asyncio.sleep(0.02)
+        await until_set(obj.waiting)
         await p.set()
         assert await waiter == "woken"
 
@@ -281,7 +289,8 @@ def test_transfer_with_calls_in_flight_loses_and_misroutes_nothing() -> None:
             gate = threading.Event()
             a.loop.call_soon_threadsafe(gate.wait)
             calls = [asyncio.ensure_future(p.where()) for _ in range(50)]
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0)  # one turn of this loop: every task submits its call
+            assert lb.metrics.metrics_of(p).snapshot()["calls_in_flight"] == 50
             lb.transfer(e, b.loop)
             gate.set()
             loops = await asyncio.gather(*calls)
@@ -350,13 +359,7 @@ def test_eager_calls_keep_results_errors_and_cancellation(
         assert await p.where() is owner.loop  # suspends: continues in a task
         with pytest.raises(ValueError, match="eager"):
             await p.fail("eager")
-        task = asyncio.create_task(p.sleep(30))
-        await asyncio.sleep(0.05)
-        task.cancel("stop")
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert engine.log[0][:2] == ("cancelled", ("stop",))
-        assert engine.log[1][0] == "cleanup done"
+        await cancel_once_sleeping(p, engine, "stop")
 
     asyncio.run(main())
     assert lb.blocking(p).echo(4) == 4

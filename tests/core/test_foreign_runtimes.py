@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import anyio
 import pytest
@@ -39,16 +40,29 @@ def test_anyio_callers(owner: lb.LoopThread, engine: Engine, backend: str) -> No
 def test_trio_cancellation_reaches_the_owner(owner: lb.LoopThread, engine: Engine) -> None:
     p = lb.proxy(engine)
 
+    async def cancel_once(started: threading.Event, scope: anyio.CancelScope) -> None:
+        # Polled (with a deadline): a worker thread would outlive the test in
+        # trio's thread cache.
+        deadline = anyio.current_time() + 30
+        while not started.is_set():
+            assert anyio.current_time() < deadline, "the owner side never started"
+            await anyio.sleep(0.001)
+        scope.cancel()
+
     async def main() -> None:
-        with anyio.move_on_after(0.1) as scope:
-            await p.sleep(30)
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_once, engine.started["sleep"], scope)
+                await p.sleep(30)
         assert scope.cancel_called
         # The owner task was cancelled and its cleanup finished before we went on.
         assert engine.log[0][0] == "cancelled"
         assert engine.log[1][0] == "cleanup done"
-        with anyio.move_on_after(0.1):
-            async for _ in p.count(10**9, delay=0.001):
-                pass
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_once, engine.started["count"], scope)
+                async for _ in p.count(10**9, delay=0.001):
+                    pass
         assert ("finally", owner.loop) in engine.log
 
     anyio.run(main, backend="trio")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
+from typing import Any
 
 import pytest
 
 import loopbridge as lb
 
-from .conftest import Engine
+from .conftest import Engine, until_set
 
 
 async def _make() -> Engine:
@@ -20,44 +20,45 @@ async def _make() -> Engine:
 @pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
 def test_loop_thread_stop_fails_pending_calls_and_streams(kind: str) -> None:
     owner = lb.LoopThread(use_uvloop=kind == "uvloop").start()
-    p = lb.proxy(owner.run(_make))
+    engine = owner.run(_make)
+    p = lb.proxy(engine)
 
     async def main() -> None:
         call = asyncio.create_task(p.sleep(30))
-        stream = p.count(10**9, delay=0.5)
+        stream = p.count(10**9, delay=30)
 
         async def consume() -> None:
             async for _ in stream:
                 pass
 
         consumer = asyncio.create_task(consume())
-        await asyncio.sleep(0.1)
-        t0 = time.monotonic()
-        threading.Thread(target=owner.stop).start()
+        await until_set(engine.started["sleep"])
+        await until_set(engine.started["count"])
+        stopper = threading.Thread(target=owner.stop)
+        stopper.start()
+        # Both fail long before the owner side would have finished (30 s).
         with pytest.raises(lb.OwnerLoopClosed):
-            await call
+            await asyncio.wait_for(call, 25)
         with pytest.raises(lb.OwnerLoopClosed):
-            await consumer
-        assert time.monotonic() - t0 < 2.0
-        t1 = time.monotonic()
+            await asyncio.wait_for(consumer, 25)
         with pytest.raises(lb.OwnerLoopClosed):
-            await p.echo(1)  # new calls fail at once
-        assert time.monotonic() - t1 < 0.5
+            await p.echo(1)  # new calls fail too
+        stopper.join()
 
     asyncio.run(main())
 
 
 def test_asyncio_run_owner_returning_fails_pending_calls() -> None:
-    box: dict[str, object] = {}
+    box: dict[str, Any] = {}
     ready = threading.Event()
-    release = threading.Event()
 
     def owner_main() -> None:
         async def main() -> None:
             box["engine"] = Engine()
+            box["loop"] = asyncio.get_running_loop()
+            box["release"] = release = asyncio.Event()
             ready.set()
-            while not release.is_set():
-                await asyncio.sleep(0.01)
+            await release.wait()
 
         asyncio.run(main())
 
@@ -68,8 +69,9 @@ def test_asyncio_run_owner_returning_fails_pending_calls() -> None:
 
     async def main() -> None:
         call = asyncio.create_task(p.sleep(30))
-        await asyncio.sleep(0.05)
-        release.set()  # asyncio.run returns: tasks cancelled, loop closed
+        await until_set(box["engine"].started["sleep"])
+        # asyncio.run returns: tasks cancelled, loop closed
+        box["loop"].call_soon_threadsafe(box["release"].set)
         with pytest.raises(lb.OwnerLoopClosed):
             await asyncio.wait_for(call, 5)
 
@@ -93,7 +95,7 @@ def test_stop_without_cancel_is_detected() -> None:
 
     async def main() -> None:
         call = asyncio.create_task(p.sleep(30))
-        await asyncio.sleep(0.05)
+        await until_set(holder["e"].started["sleep"])
         loop.call_soon_threadsafe(loop.stop)
         with pytest.raises(lb.OwnerLoopClosed):
             await asyncio.wait_for(call, 5)
@@ -109,7 +111,8 @@ def test_stop_without_cancel_is_detected() -> None:
 
 def test_blocking_caller_sees_owner_death() -> None:
     owner = lb.LoopThread().start()
-    b = lb.blocking(owner.run(_make))
+    engine = owner.run(_make)
+    b = lb.blocking(engine)
     errors: list[BaseException] = []
 
     def caller() -> None:
@@ -120,7 +123,7 @@ def test_blocking_caller_sees_owner_death() -> None:
 
     t = threading.Thread(target=caller)
     t.start()
-    time.sleep(0.1)
+    assert engine.started["sleep"].wait(30)
     owner.stop()
     t.join(5)
     assert not t.is_alive()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -44,13 +45,14 @@ def test_consumer_exit_closes_the_generator_on_the_owner_loop(
             # aclose() waits for the owner-side cleanup.
             assert ("finally", owner.loop) in engine.log
         else:
+            got_one = asyncio.Event()
 
             async def consume() -> None:
                 async for _ in p.count(10**9, delay=0.001):
-                    pass
+                    got_one.set()
 
             task = asyncio.create_task(consume())
-            await asyncio.sleep(0.05)
+            await got_one.wait()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -67,32 +69,46 @@ def test_consumer_exit_closes_the_generator_on_the_owner_loop(
     assert not tasks_on(owner.loop)
 
 
+@lb.loop_affine
+class Producer:
+    """Counts what it has produced, so that tests can see how far ahead it is."""
+
+    def __init__(self) -> None:
+        self.produced = 0
+
+    async def items(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            self.produced = i + 1
+            yield i
+
+    async def progress(self) -> int:
+        return self.produced
+
+
+async def _make_producer() -> Producer:
+    return Producer()
+
+
+async def _until_produced(p: Producer, at_least: int) -> None:
+    """Poll (each probe is a round trip through the owner loop) with a deadline."""
+    deadline = time.monotonic() + 60
+    while await p.progress() < at_least:
+        assert time.monotonic() < deadline, f"the producer never reached {at_least} items"
+
+
 def test_backpressure_suspends_the_producer(asyncio_owner: lb.LoopThread) -> None:
-    @lb.loop_affine
-    class Producer:
-        def __init__(self) -> None:
-            self.produced = 0
-
-        async def items(self) -> AsyncIterator[int]:
-            for i in range(10_000):
-                self.produced = i + 1
-                yield i
-
-        async def progress(self) -> int:
-            return self.produced
-
-    async def make() -> Producer:
-        return Producer()
-
-    prod = asyncio_owner.run(make)
-    p = lb.proxy(prod, stream_window=32)
+    p = lb.proxy(asyncio_owner.run(_make_producer), stream_window=32)
 
     async def main() -> None:
-        stream = p.items()
+        stream = p.items(10_000)
         assert await stream.__anext__() == 0
-        await asyncio.sleep(0.1)  # consumer idle: producer must stop at the window
-        ahead = await p.progress()
-        assert ahead <= 32 + 1, ahead
+        # The consumer stays idle: the producer fills the window...
+        await _until_produced(p, 32)
+        # ...and stays there, however many owner-loop turns it gets; a producer
+        # that ignored the window would keep going here.
+        for _ in range(20):
+            ahead = await p.progress()
+            assert ahead <= 32 + 1, ahead
         rest = [i async for i in stream]
         assert rest == list(range(1, 10_000))
 
@@ -100,22 +116,23 @@ def test_backpressure_suspends_the_producer(asyncio_owner: lb.LoopThread) -> Non
 
 
 def test_items_are_handed_over_in_batches(asyncio_owner: lb.LoopThread) -> None:
-    engine = asyncio_owner.run(_make)
-    p = lb.proxy(engine, stream_window=4096)
+    window, total = 4096, 50_000
+    p = lb.proxy(asyncio_owner.run(_make_producer), stream_window=window)
     stats = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         n = 0
-        async for _ in p.count(50_000):
+        async for _ in p.items(total):
             n += 1
-            if n % 5000 == 0:
-                await asyncio.sleep(0.005)  # a busy consumer lets items pile up
-        assert n == 50_000
+            if n % 1000 == 0:
+                # A busy consumer: items pile up (a quarter window) before it goes on.
+                await _until_produced(p, min(total, n + window // 4))
+        assert n == total
 
     asyncio.run(main())
     snap = stats.snapshot()
     # One wake-up per batch, never one per item.
-    assert snap["stream_batches"] < 50_000 / 20, snap
+    assert snap["stream_batches"] < total / 20, snap
     assert snap["items_per_wakeup"] > 20
 
 

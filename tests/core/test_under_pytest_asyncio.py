@@ -9,7 +9,7 @@ import pytest
 import loopbridge as lb
 import loopbridge.metrics
 
-from .conftest import Engine
+from .conftest import Engine, until_set
 
 
 @pytest.mark.asyncio
@@ -25,8 +25,10 @@ async def test_timeout_on_the_caller_cancels_the_owner(
     owner: lb.LoopThread, engine: Engine
 ) -> None:
     p = lb.proxy(engine)
+    call = asyncio.ensure_future(p.sleep(30))
+    await until_set(engine.started["sleep"])
     with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(p.sleep(30), 0.05)
+        await asyncio.wait_for(call, 0)  # times out now: cancels the call
     assert engine.log[0][0] == "cancelled" and engine.log[0][2] is owner.loop
     assert engine.log[1][0] == "cleanup done"
 

@@ -7,11 +7,11 @@ import io
 import os
 import signal
 import threading
-import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
+from metrics_support import apoll_until, poll_until
 
 import loopbridge as lb
 from loopbridge.metrics import (
@@ -72,25 +72,34 @@ def test_dump_names_both_sides_durations_and_sites(owner: lb.LoopThread, sites: 
         stream = p.one_then_nothing()  # caller-stream-here
         assert await stream.__anext__() == 1
         nxt = asyncio.ensure_future(stream.__anext__())
-        await asyncio.sleep(0.01)
         ready.set()
-        while not done.is_set():
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(done.wait)
         call.cancel()
         nxt.cancel()
         await asyncio.gather(call, nxt, return_exceptions=True)
         await stream.aclose()
 
+    def both_waiting() -> bool:
+        # The call runs on the owner and the consumer is parked on the stream.
+        found = {e["kind"]: e for e in _mine(dump_inflight(), owner)}
+        return (
+            set(found) == {"call", "stream"}
+            and found["call"]["started"]
+            and found["call"]["owner_at"] is not None
+            and found["stream"]["consumer_parked"]
+            and found["stream"]["owner_at"] is not None
+        )
+
     thread = threading.Thread(target=asyncio.run, args=(caller(),), name="caller-thread")
     thread.start()
     try:
-        assert ready.wait(5)
-        time.sleep(0.25)
+        assert ready.wait(30)
+        poll_until(both_waiting, "the call runs and the consumer is parked")
         entries = _mine(dump_inflight(), owner)
         text = format_inflight(entries)
     finally:
         done.set()
-        thread.join(10)
+        thread.join(30)
     assert not thread.is_alive()
 
     by_kind = {e["kind"]: e for e in entries}
@@ -101,17 +110,17 @@ def test_dump_names_both_sides_durations_and_sites(owner: lb.LoopThread, sites: 
         assert e["caller"].endswith(caller_label)
         assert e["submitted_from_thread"] == "caller-thread"
         assert e["owner_thread"] == owner.name
-        assert e["waiting_s"] >= 0.25
+        assert e["waiting_s"] > 0
         assert e["started"] is True
     assert call["what"] == "Stuck.wait_forever()"
-    assert call["running_s"] >= 0.25
+    assert 0 < call["running_s"] <= call["waiting_s"]
     assert call["submitted_at"].startswith(f"{HERE}:{_line('caller-call-here')} ")
     assert call["owner_at"][0] == f"{HERE}:{_line('owner-call-here')} in wait_forever"
     assert call["owner_at"][-1].split(" in ")[1] == "wait"  # asyncio.Event.wait
 
     assert stream["what"] == "Stuck.one_then_nothing()"
     assert stream["consumer_parked"] is True
-    assert stream["parked_s"] >= 0.25
+    assert 0 < stream["parked_s"] <= stream["waiting_s"]
     assert stream["submitted_at"].startswith(f"{HERE}:{_line('caller-stream-here')} ")
     assert stream["owner_at"][0] == f"{HERE}:{_line('owner-stream-here')} in one_then_nothing"
 
@@ -126,8 +135,14 @@ def test_dump_names_both_sides_durations_and_sites(owner: lb.LoopThread, sites: 
 def test_call_not_yet_started_on_a_blocked_owner(asyncio_owner: lb.LoopThread) -> None:
     engine = asyncio_owner.run(_make)
     b = lb.blocking(engine)
-    asyncio_owner.loop.call_soon_threadsafe(time.sleep, 0.4)  # the owner loop is stuck
-    time.sleep(0.02)
+    entered, unblock = threading.Event(), threading.Event()
+
+    def stuck() -> None:  # the owner loop is stuck in this callback
+        entered.set()
+        unblock.wait(60)
+
+    asyncio_owner.loop.call_soon_threadsafe(stuck)
+    assert entered.wait(30)
     result: list[BaseException] = []
 
     def waiter() -> None:
@@ -139,22 +154,23 @@ def test_call_not_yet_started_on_a_blocked_owner(asyncio_owner: lb.LoopThread) -
     # The blocking caller: a plain thread.  Submitted, but the owner cannot start it.
     t = threading.Thread(target=waiter, name="plain-caller", daemon=True)
     t.start()
-    time.sleep(0.15)
+    poll_until(lambda: _mine(dump_inflight(), asyncio_owner), "the call was submitted")
     entries = _mine(dump_inflight(), asyncio_owner)
     assert len(entries) == 1
     e = entries[0]
     assert e["caller"] == "plain-caller"
     assert e["started"] is False and e["running_s"] is None
-    assert e["waiting_s"] >= 0.1
+    assert e["waiting_s"] > 0
     assert e["submitted_at"] is None  # site recording is off by default
     assert e["owner_thread"] == asyncio_owner.name
-    # The owner thread is inside a callback (the time.sleep), not waiting in select().
+    # The owner thread is inside a callback (stuck()), not waiting in select().
     assert e["owner_thread_at"] is not None and "in select" not in e["owner_thread_at"]
     text = format_inflight(entries)
     assert "not started on the owner yet" in text
     assert "record_submission_sites() was off" in text
+    unblock.set()
     asyncio_owner.stop()  # fails the stuck call with OwnerLoopClosed
-    t.join(5)
+    t.join(30)
     assert not t.is_alive()
     assert isinstance(result[0], lb.OwnerLoopClosed)
 
@@ -167,7 +183,7 @@ def test_call_wrapped_in_a_task_is_named_by_its_task(
 
     async def main() -> list[dict[str, Any]]:
         task = asyncio.create_task(p.wait_forever(), name="the-waiting-task")
-        await asyncio.sleep(0.05)
+        await apoll_until(lambda: _mine(dump_inflight(), asyncio_owner), "the call was submitted")
         entries = _mine(dump_inflight(), asyncio_owner)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -200,9 +216,12 @@ def test_signal_writes_the_dump(asyncio_owner: lb.LoopThread) -> None:
             # Wrapped straight in a task: the site comes from the coroutine's
             # origin, which asyncio debug mode records.
             task = asyncio.ensure_future(p.wait_forever())  # signal-call-here
-            await asyncio.sleep(0.05)
+            await apoll_until(
+                lambda: _mine(dump_inflight(), asyncio_owner), "the call was submitted"
+            )
             os.kill(os.getpid(), signal.SIGUSR1)
-            await asyncio.sleep(0.05)  # the handler runs on this (main) thread
+            # The handler runs on this (main) thread, between two bytecodes.
+            await apoll_until(out.getvalue, "the dump was written")
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 

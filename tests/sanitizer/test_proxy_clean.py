@@ -23,6 +23,7 @@ class Service:
         self.queue: asyncio.Queue[int] = asyncio.Queue()
         self.lock = asyncio.Lock()
         self.calls = 0
+        self.hanging = threading.Event()  # set on the owner when hang() starts
 
     async def bump(self, n: int) -> int:
         async with self.lock:
@@ -36,6 +37,7 @@ class Service:
         return await self.ready.wait()
 
     async def hang(self) -> None:
+        self.hanging.set()
         await asyncio.sleep(30)
 
     async def stream(self, k: int) -> AsyncIterator[int]:
@@ -66,7 +68,7 @@ def test_proxy_from_foreign_loops_and_threads_clean(use_uvloop: bool) -> None:
             out += [x async for x in p.stream(3)]
             # cancellation crosses to the owner loop
             task = asyncio.ensure_future(p.hang())
-            await asyncio.sleep(0.01)
+            assert await asyncio.to_thread(svc.hanging.wait, 30)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

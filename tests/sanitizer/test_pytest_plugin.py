@@ -135,6 +135,7 @@ def test_command_line_option(tmp_path: Path) -> None:
 def test_ini_option(tmp_path: Path) -> None:
     code, outcomes, out = _run(tmp_path, ini="loopbridge_sanitize = raise\n")
     assert outcomes["test_misuse"] == "error" and outcomes["test_clean"] == "passed", out
+    assert code == 1, out  # a misuse fails the run
 
 
 def test_marker_only(tmp_path: Path) -> None:
@@ -146,6 +147,7 @@ def test_marker_only(tmp_path: Path) -> None:
         "test_marked": "error",
         "test_marked_warn": "passed",
     }, out
+    assert code == 1, out
 
 
 def test_bad_value_is_a_usage_error(tmp_path: Path) -> None:

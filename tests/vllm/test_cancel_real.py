@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from vllm_engines import settled_counts
 
 from loopbridge import LoopThread, blocking
 from loopbridge_vllm import OpenAIServer
@@ -65,17 +66,6 @@ def _proxy_of(llm: Any) -> Any:
     return engine_client_proxy(llm)
 
 
-async def _engine_counts(llm: Any) -> tuple[int, int]:
-    """(front-end unfinished, EngineCore-side active) once they settle; owner loop."""
-    for _ in range(400):
-        front = llm.get_num_unfinished_requests()
-        core = (await llm.collective_rpc("standin_active_requests"))[0]
-        if front == 0 and core == 0:
-            break
-        await asyncio.sleep(0.05)
-    return front, core
-
-
 async def _leave_after_first_chunk(url: str, n: int, *, chat: bool) -> int:
     left = 0
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -108,7 +98,7 @@ def test_http_disconnect_storm_aborts_each_request_once(
     left = asyncio.run(_leave_after_first_chunk(shared_server.url, 24, chat=False))
     left += asyncio.run(_leave_after_first_chunk(shared_server.url, 24, chat=True))
     assert left == 48
-    front, core = owner.run(_engine_counts, llm)
+    front, core = owner.run(settled_counts, llm)
     assert (front, core) == (0, 0)
     # Every request was cut short (300 tokens at 20 ms a step take 6 s), so each
     # was aborted, once, and every abort ran on the owner loop.
@@ -140,7 +130,7 @@ def test_cancelled_caller_on_another_loop_aborts_once(
         assert all(isinstance(r, asyncio.CancelledError) for r in results)
 
     asyncio.run(main())
-    assert owner.run(_engine_counts, llm) == (0, 0)
+    assert owner.run(settled_counts, llm) == (0, 0)
     assert len(log.calls) == 8 and set(log.calls.values()) == {1}
     assert log.loops == {owner.loop}
 
@@ -155,7 +145,7 @@ def test_thread_that_stops_iterating_aborts_once(
     with blocking(engine_proxy).generate("hello", params, "thread-stop") as stream:
         first = next(stream)
     assert not first.finished
-    assert owner.run(_engine_counts, llm) == (0, 0)
+    assert owner.run(settled_counts, llm) == (0, 0)
     assert sum(log.calls.values()) == 1 and log.loops == {owner.loop}
 
 
@@ -164,7 +154,7 @@ def test_finished_requests_are_not_aborted(
 ) -> None:
     from vllm import SamplingParams
 
-    owner, llm = shared_engine
+    _, llm = shared_engine
     log = AbortLog(llm)
     try:
 

@@ -77,7 +77,7 @@ def test_proxy_follows_the_table_for_every_member(
     assert isinstance(p, EngineClient) and isinstance(p, AsyncLLM) and p is not llm
     table = classify_surface(AsyncLLM, llm)
     checked = 0
-    for name, (member, rule) in table.items():
+    for name, (_member, rule) in table.items():
         assert rule is not None
         if rule.policy in (Policy.STABLE, Policy.HEALTH, Policy.THREADSAFE):
             # Read directly from a foreign thread (calling is not needed to prove

@@ -4,7 +4,7 @@ Topology of the bug report: ``AsyncLLM`` created on one loop (a Ray actor's),
 vLLM's OpenAI app served by uvicorn on a second thread. With the raw engine
 handed to the server, the server thread waits on each request's
 ``RequestOutputCollector`` event while the engine's output handler sets it
-from the owner thread. ``loopbridge_vllm.bench.CollectorSetHold`` makes the overlap
+from the owner thread. ``vllm_race_hook.CollectorSetHold`` makes the overlap
 certain, so the raw run must kill the output handler with ``deque mutated
 during iteration``; the same run through ``loopbridge_vllm`` must finish all
 128 requests.
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from vllm_engines import start_engine, stop_engine
 from vllm_load import run_load
+from vllm_race_hook import CollectorSetHold
 
-from loopbridge_vllm.bench import CollectorSetHold
 from loopbridge_vllm.server import OpenAIServer, ServerStartError, start_openai_server
 
 pytestmark = pytest.mark.vllm
@@ -77,7 +77,7 @@ def test_raw_async_llm_shared_with_server_thread_dies(tiny_model: Any) -> None:
 def test_same_run_through_loopbridge_is_safe(
     shared_engine: tuple[Any, Any], engine_proxy: Any
 ) -> None:
-    _owner, llm = shared_engine
+    _, llm = shared_engine
 
     with CollectorSetHold() as hook:
         server = start_openai_server(engine_proxy)

@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 import pytest
+from vllm_engines import settled_counts
 from vllm_load import run_load
 
 from loopbridge import LoopThread
@@ -23,14 +24,8 @@ N = int(os.environ.get("LOOPBRIDGE_STRESS_REQUESTS", "2000"))
 
 
 async def _settled(llm: Any) -> tuple[int, int, int]:
-    for _ in range(400):
-        front = llm.get_num_unfinished_requests()
-        core = (await llm.collective_rpc("standin_active_requests"))[0]
-        if front == 0 and core == 0:
-            break
-        await asyncio.sleep(0.05)
-    tasks = len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
-    return front, core, tasks
+    front, core = await settled_counts(llm)
+    return front, core, await _task_count()
 
 
 async def _task_count() -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,18 @@ from loopbridge import LoopThread
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
+
+
+async def settled_counts(llm: Any) -> tuple[int, int]:
+    """(front-end unfinished, EngineCore-side active) requests, polled on the
+    owner loop until both reach zero or a deadline passes."""
+    deadline = time.monotonic() + 20
+    while True:
+        front = llm.get_num_unfinished_requests()
+        core = (await llm.collective_rpc("standin_active_requests"))[0]
+        if (front == 0 and core == 0) or time.monotonic() > deadline:
+            return front, core
+        await asyncio.sleep(0.05)  # the poll interval
 
 
 def start_engine(model: Path, name: str, **overrides: Any) -> tuple[LoopThread, Any]:

@@ -1,0 +1,53 @@
+"""Fixtures shared by the core and metrics suites: owner loops on their own
+threads, and a check that a test leaves no thread behind."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import loopbridge as lb
+
+HERE = Path(__file__).resolve().parent
+# Suites whose tests must end every thread they start (the vLLM ones keep an
+# engine alive across tests on purpose).
+_THREAD_CHECKED = (HERE / "core", HERE / "metrics")
+
+
+def _make_owner(kind: str) -> lb.LoopThread:
+    return lb.LoopThread(name=f"owner-{kind}", use_uvloop=(kind == "uvloop")).start()
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def owner(request: pytest.FixtureRequest) -> Iterator[lb.LoopThread]:
+    t = _make_owner(request.param)
+    yield t
+    t.stop()
+
+
+@pytest.fixture
+def asyncio_owner() -> Iterator[lb.LoopThread]:
+    t = _make_owner("asyncio")
+    yield t
+    t.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    if not any(d in request.node.path.parents for d in _THREAD_CHECKED):
+        yield
+        return
+    before = set(threading.enumerate())
+    yield
+    gc.collect()
+    extra: list[threading.Thread] = []
+    for _ in range(100):  # threads told to stop may take a moment to end
+        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not extra:
+            break
+        threading.Event().wait(0.02)
+    assert not extra, f"leaked threads: {extra}"

@@ -1,0 +1,162 @@
+"""Every Python snippet in README.md and docs/*.md runs, or type-checks.
+
+A fenced ``python`` block is run as a complete program (a fresh interpreter,
+loopbridge from this tree), unless the line just above the fence is a marker::
+
+    <!-- snippet: typecheck because REASON; given: NAME, NAME -->
+    <!-- snippet: skip because REASON -->
+
+``typecheck`` is for snippets that cannot run here: they need vLLM's engine, or
+show calls from several loops and threads in one listing.  The block becomes
+the body of an ``async def`` (so ``await`` and ``async for`` may appear at the
+top level), whose parameters are the ``given`` names, typed ``Any``: the objects
+the prose says you already have.  mypy then checks every loopbridge name and
+signature the snippet uses.  ``skip`` is for blocks that are not code to check
+(a sample of interactive output).  The reason is mandatory: a reader of the
+Markdown source sees why a block is not run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import loopbridge
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = str(Path(loopbridge.__file__).resolve().parent.parent)
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+_FENCE = re.compile(r"^```python\s*$")
+_MARKER = re.compile(
+    r"^<!-- snippet: (?P<kind>typecheck|skip) because (?P<reason>[^;]+?)"
+    r"(?:; given: (?P<given>[\w, ]+))? -->$"
+)
+
+
+@dataclass(frozen=True)
+class Snippet:
+    path: Path
+    line: int
+    kind: str  # "run", "typecheck" or "skip"
+    code: str
+    given: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def snippets() -> list[Snippet]:
+    out: list[Snippet] = []
+    for path in DOCS:
+        lines = path.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if line.startswith("<!-- snippet:"):
+                assert _MARKER.match(line), f"{path}:{i + 1}: malformed marker {line!r}"
+                nxt = lines[i + 1] if i + 1 < len(lines) else ""
+                assert _FENCE.match(nxt), f"{path}:{i + 1}: marker not followed by a python block"
+            if _FENCE.match(line):
+                marker = _MARKER.match(lines[i - 1]) if i else None
+                end = i + 1
+                while not lines[end].startswith("```"):
+                    end += 1
+                given = marker.group("given") if marker else None
+                out.append(
+                    Snippet(
+                        path,
+                        i + 1,
+                        marker.group("kind") if marker else "run",
+                        "\n".join(lines[i + 1 : end]) + "\n",
+                        tuple(n.strip() for n in given.split(",")) if given else (),
+                    )
+                )
+                i = end
+            i += 1
+    return out
+
+
+ALL = snippets()
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPBRIDGE_")}
+    env["PYTHONPATH"] = SRC
+    return env
+
+
+@pytest.mark.parametrize("snippet", [s for s in ALL if s.kind == "run"], ids=lambda s: s.id)
+def test_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet.code)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"{snippet.id} failed:\n{result.stdout}{result.stderr}"
+
+
+def _as_function(snippet: Snippet) -> str:
+    params = ", ".join(f"{name}: Any" for name in snippet.given)
+    body = textwrap.indent(snippet.code, "    ")
+    return (
+        f"# {snippet.id}\nfrom typing import Any\n\n\n"
+        f"async def snippet({params}) -> None:\n{body}    return None\n"
+    )
+
+
+def test_typecheck_snippets_pass_mypy(tmp_path: Path) -> None:
+    checked = [s for s in ALL if s.kind == "typecheck"]
+    assert checked
+    files = []
+    for n, snippet in enumerate(checked):
+        f = tmp_path / f"snippet_{n}.py"
+        f.write_text(_as_function(snippet))
+        files.append(str(f))
+    config = tmp_path / "mypy.ini"
+    # vLLM's own types are not what these snippets check, and analysing them
+    # would take minutes: its modules are taken as Any.
+    config.write_text(
+        "[mypy]\nwarn_unused_ignores = True\n\n[mypy-vllm.*]\nfollow_imports = skip\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(config),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--check-untyped-defs",
+            *files,
+        ],
+        cwd=tmp_path,
+        env={**_env(), "MYPYPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, "\n".join(
+        [result.stdout, *(f"{f}: from {s.id}" for f, s in zip(files, checked))]
+    )
+
+
+def test_every_block_is_accounted_for() -> None:
+    kinds = {s.kind for s in ALL}
+    assert "run" in kinds and "typecheck" in kinds
+    for s in ALL:
+        assert s.code.strip(), f"{s.id}: empty block"
