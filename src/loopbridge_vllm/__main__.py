@@ -17,6 +17,7 @@ entry point: ``python -m loopbridge_vllm.dp``.
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import importlib
 import signal
@@ -25,6 +26,8 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
+
+from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
 
 # Subcommands implemented in other modules: name -> module with main(argv).
 _DELEGATED = {"bench": "loopbridge_vllm.bench"}
@@ -53,6 +56,19 @@ def _serve_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="run the HTTP server's loop on asyncio instead of uvloop (default: uvloop if installed)",
     )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="answer 413 to request bodies larger than this; 0: no limit, as vllm serve "
+        "(default: %(default)s, 32 MiB)",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        help="don't export loopbridge's series on /metrics nor monitor the owner loop's lag",
+    )
     return parser
 
 
@@ -63,6 +79,15 @@ def serve(argv: Sequence[str]) -> int:
         cut = argv.index("--")
         argv, vllm_argv = argv[:cut], argv[cut + 1 :]
     opts = _serve_parser().parse_args(argv)
+    from loopbridge_vllm.server import _bind
+
+    # Bind before the engine is built: a busy port is known in milliseconds,
+    # not after the engine's start-up.
+    try:
+        sock = _bind(opts.host, opts.port)
+    except OSError as exc:
+        print(_bind_failure(opts.host, opts.port, exc), file=sys.stderr, flush=True)
+        return 1
     if opts.cpu_standin:
         from loopbridge_vllm.cpu_engine import STANDIN_BACKEND, cpu_engine_env
 
@@ -101,6 +126,9 @@ def serve(argv: Sequence[str]) -> int:
             args=ns,
             grace=opts.grace,
             use_uvloop=opts.server_uvloop,
+            metrics=opts.metrics,
+            max_body_bytes=opts.max_body_bytes or None,
+            sock=sock,
         )
         print(f"serving on {server.url}", flush=True)
         while not stop.wait(0.2):
@@ -113,6 +141,8 @@ def serve(argv: Sequence[str]) -> int:
         if server is not None:
             server.stop(shutdown_engine=False)
             print("server stopped", flush=True)
+        else:
+            sock.close()
         if engine is not None:
             from loopbridge_vllm.engine import shutdown_engine
 
@@ -126,6 +156,16 @@ def serve(argv: Sequence[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code
+
+
+def _bind_failure(host: str, port: int, exc: OSError) -> str:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"error: port {port} is already in use ({where}): stop the process that "
+            "listens on it, or choose another port with --port (0 picks a free one)"
+        )
+    return f"error: cannot listen on {where}: {exc.strerror or exc}; check --host and --port"
 
 
 async def _build_engine(ns: argparse.Namespace) -> Any:

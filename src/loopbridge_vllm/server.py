@@ -40,6 +40,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from loopbridge import LoopAffinityError, LoopThread, owner_loop, unwrap
 from loopbridge_vllm._compat.moved_imports import make_arg_parser, openai_app_builders
 
+from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from ._exporter import export_metrics
+
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
 
@@ -122,6 +125,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _adopt_listener(sock: socket.socket) -> socket.socket:
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        raise ValueError(f"sock must be a listening TCP socket, not {sock!r}")
+    # The caller's socket may have been made with protocol 0: disable Nagle
+    # here too (asyncio would not; see _bind).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    return sock
+
+
 def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop]:
     """uvloop when asked for and installed (as ``vllm serve`` runs), else asyncio."""
     if use_uvloop:
@@ -170,6 +183,9 @@ class OpenAIServer:
         watchdog_interval: float = 1.0,
         name: str = "loopbridge-openai-server",
         use_uvloop: bool = True,
+        metrics: bool = True,
+        max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+        sock: socket.socket | None = None,
     ) -> None:
         self.client = client
         self.args = args if args is not None else serve_args(client)
@@ -177,8 +193,13 @@ class OpenAIServer:
         self._engine = engine
         self._log_level = log_level
         self._watchdog_interval = watchdog_interval
-        self._sock = _bind(host, port)
+        self._metrics = metrics
+        if max_body_bytes is not None and max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes must be positive or None, not {max_body_bytes!r}")
+        self._max_body_bytes = max_body_bytes
+        self._sock = _bind(host, port) if sock is None else _adopt_listener(sock)
         bound = self._sock.getsockname()
+        host = host if sock is None else str(bound[0])
         self.host: str = host
         self.port: int = int(bound[1])
         shown = f"[{host}]" if ":" in host else host
@@ -348,8 +369,13 @@ class OpenAIServer:
         build_app, init_app_state = _launchers()
         app = build_app(self.args, supported, client.model_config)
         await init_app_state(client, app.state, self.args, supported)
+        if self._metrics:
+            await self._export_metrics()
+        served: Any = app
+        if self._max_body_bytes is not None:
+            served = BodyLimit(app, self._max_body_bytes)
         config = uvicorn.Config(
-            app,
+            served,
             log_level=self._log_level,
             access_log=False,
             timeout_graceful_shutdown=max(1, round(self.grace)),
@@ -370,6 +396,18 @@ class OpenAIServer:
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
+
+    async def _export_metrics(self) -> None:
+        owner = owner_loop(self.client)
+        if owner is None:
+            return
+        # The label names the engine: its model and the thread that owns it.
+        thread = await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(_current_thread_name(), owner)
+        )
+        names = self.client.model_config.served_model_name
+        model = names if isinstance(names, str) else (names or [self.client.model_config.model])[0]
+        export_metrics(owner, f"{model} on {thread}")
 
     async def _watchdog(self, server: Any) -> None:
         owner = owner_loop(self.client)
@@ -408,6 +446,10 @@ class OpenAIServer:
             owner.call_soon_threadsafe(_start_abort_all, engine)
 
 
+async def _current_thread_name() -> str:
+    return threading.current_thread().name
+
+
 def _start_abort_all(engine: Any) -> None:
     # Runs on the owner loop: the output processor is its state.
     ids = list(engine.output_processor.request_states)
@@ -438,6 +480,9 @@ def start_openai_server(
     log_level: str = "warning",
     start_timeout: float = 120.0,
     use_uvloop: bool = True,
+    metrics: bool = True,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+    sock: socket.socket | None = None,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -452,19 +497,31 @@ def start_openai_server(
     namespace. With ``shutdown_engine=True``, :meth:`OpenAIServer.stop` shuts
     the engine down after the server has stopped. The server's loop is uvloop
     when it is installed, as with ``vllm serve``; ``use_uvloop=False`` runs it
-    on asyncio's own loop.
+    on asyncio's own loop. ``sock`` serves an already bound, listening TCP
+    socket instead of binding ``host:port``.
+
+    With ``metrics=True`` (and ``prometheus_client`` installed, as it is with
+    vLLM), loopbridge's series are exported on the app's ``/metrics`` next to
+    vLLM's, and the engine's owner loop gets a lag monitor; both are set up
+    once per process and per owner loop however many servers start.
+
+    Request bodies over ``max_body_bytes`` (default 32 MiB) are answered 413
+    without being kept; ``None`` accepts any size, as stock ``vllm serve`` does.
     """
     server = _prepare(
         engine,
-        host,
-        port,
         serve_argv,
         args,
-        grace,
         shutdown_engine,
-        log_level,
-        use_uvloop,
         proxy_options,
+        host=host,
+        port=port,
+        grace=grace,
+        log_level=log_level,
+        use_uvloop=use_uvloop,
+        metrics=metrics,
+        max_body_bytes=max_body_bytes,
+        sock=sock,
     )
     return server.start(start_timeout)
 
@@ -481,6 +538,9 @@ async def astart_openai_server(
     log_level: str = "warning",
     start_timeout: float = 120.0,
     use_uvloop: bool = True,
+    metrics: bool = True,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+    sock: socket.socket | None = None,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.
@@ -490,30 +550,29 @@ async def astart_openai_server(
     """
     server = _prepare(
         engine,
-        host,
-        port,
         serve_argv,
         args,
-        grace,
         shutdown_engine,
-        log_level,
-        use_uvloop,
         proxy_options,
+        host=host,
+        port=port,
+        grace=grace,
+        log_level=log_level,
+        use_uvloop=use_uvloop,
+        metrics=metrics,
+        max_body_bytes=max_body_bytes,
+        sock=sock,
     )
     return await server.astart(start_timeout)
 
 
 def _prepare(
     engine: Any,
-    host: str,
-    port: int,
     serve_argv: Sequence[str],
     args: argparse.Namespace | None,
-    grace: float,
     shutdown_engine: bool,
-    log_level: str,
-    use_uvloop: bool,
     proxy_options: dict[str, Any],
+    **server_options: Any,
 ) -> OpenAIServer:
     from loopbridge_vllm.engine import engine_client_proxy, is_engine_client_proxy
 
@@ -534,11 +593,7 @@ def _prepare(
         args = serve_args(client, serve_argv)
     return OpenAIServer(
         client,
-        host=host,
-        port=port,
         args=args,
-        grace=grace,
-        log_level=log_level,
         engine=client if shutdown_engine else None,
-        use_uvloop=use_uvloop,
+        **server_options,
     )

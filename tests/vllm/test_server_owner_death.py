@@ -1,0 +1,183 @@
+"""The owner loop stops mid-stream: the server stops, clients get errors, the EngineCore drains.
+
+The owner loop here is stopped with ``loop.stop()`` while streams are running,
+and is not cleaned up: its tasks stay suspended, as after an owner that returned
+from ``run_forever`` and moved on. Requests are long (the stand-in engine is
+slowed), so a request still counted by the EngineCore after the stop was not
+aborted. The loop is run again afterwards only to ask the EngineCore how many
+requests it still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loopbridge_vllm import engine_client_proxy, shutdown_engine, start_openai_server
+from loopbridge_vllm.server import ExitReason
+
+STREAMS = 6
+STEP_S = 0.1
+MAX_TOKENS = 480  # 48 s per request at STEP_S: far longer than any bound below
+BOUND_S = 15.0  # hang guard for each wait
+
+
+class ResumableOwner:
+    """An owner loop on a thread; stop() leaves it as is, resume() runs it again."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._resume = threading.Event()
+        self._quit = False
+        self.stopped = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="resumable-owner", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        while True:
+            self.loop.run_forever()
+            self.stopped.set()
+            if self._quit:
+                return
+            self._resume.wait()
+            self._resume.clear()
+            self.stopped.clear()
+
+    def run(self, coro: Any, timeout: float = 120.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        assert self.stopped.wait(BOUND_S)
+
+    def resume(self) -> None:
+        self._resume.set()
+
+    def close(self) -> None:
+        self._quit = True
+        if not self.stopped.is_set():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        else:
+            self._resume.set()
+        self._thread.join(30)
+        tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self.loop.close()
+
+
+@pytest.fixture
+def resumable_engine(tiny_model: Path) -> Iterator[tuple[ResumableOwner, Any]]:
+    from loopbridge_vllm.cpu_engine import make_async_llm
+
+    owner = ResumableOwner()
+    llm = owner.run(make_async_llm(tiny_model))
+    try:
+        yield owner, llm
+    finally:
+        if owner.stopped.is_set():
+            owner.resume()
+        shutdown_engine(llm)
+        owner.close()
+
+
+async def _core_active(llm: Any) -> int:
+    return int((await llm.collective_rpc("standin_active_requests"))[0])
+
+
+async def _core_drained(llm: Any) -> int:
+    """The EngineCore's running requests, polled until 0 or the bound."""
+    deadline = asyncio.get_running_loop().time() + BOUND_S
+    active = await _core_active(llm)
+    while active and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+        active = await _core_active(llm)
+    return active
+
+
+async def _stream(url: str, started: threading.Semaphore) -> str:
+    """One streamed completion; how it ended: 'complete', 'error' or 'cut'."""
+    body = {
+        "model": "tiny",
+        "prompt": "x",
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    first = True
+    try:
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=BOUND_S) as client,
+            client.stream("POST", "/v1/completions", json=body) as resp,
+        ):
+            if resp.status_code != 200:
+                return "error"
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if first:
+                    first = False
+                    started.release()
+                if line == "data: [DONE]":
+                    return "cut"
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return "error"
+                if chunk["choices"][0].get("finish_reason") == "length":
+                    return "complete"
+    except httpx.HTTPError:
+        return "error"
+    finally:
+        if first:
+            started.release()
+    return "cut"
+
+
+def test_owner_stop_mid_stream_stops_server_and_drains_engine(
+    resumable_engine: tuple[ResumableOwner, Any],
+) -> None:
+    owner, llm = resumable_engine
+    owner.run(llm.collective_rpc("standin_set_step_s", args=(STEP_S,)))
+    server = start_openai_server(engine_client_proxy(llm), grace=1.0)
+    started = threading.Semaphore(0)
+    outcomes: list[str] = []
+
+    def clients() -> None:
+        async def main() -> None:
+            outcomes.extend(
+                await asyncio.gather(*(_stream(server.url, started) for _ in range(STREAMS)))
+            )
+
+        asyncio.run(main())
+
+    load = threading.Thread(target=clients, name="stream-clients")
+    load.start()
+    try:
+        for _ in range(STREAMS):
+            assert started.acquire(timeout=BOUND_S * 4)
+        assert owner.run(_core_active(llm)) == STREAMS  # every request reached the EngineCore
+        owner.stop()
+
+        server.thread.join(BOUND_S)
+        assert not server.thread.is_alive(), "server still up after its owner loop stopped"
+        assert server.exit_reason is ExitReason.OWNER_LOOP_STOPPED
+        load.join(BOUND_S)
+        assert not load.is_alive()
+        # Each client was told: an error, or a stream cut short (never a full answer).
+        assert sorted(outcomes) and set(outcomes) <= {"error", "cut"}, outcomes
+    finally:
+        server.stop(10)
+        load.join(BOUND_S)
+    owner.resume()
+    assert owner.run(_core_drained(llm)) == 0
+    owner.run(llm.collective_rpc("standin_set_step_s", args=(0.0,)))
