@@ -297,6 +297,7 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
             k: repr(getattr(parsed, k))
             for k in (
                 "model",
+                "dtype",
                 "max_num_seqs",
                 "distributed_executor_backend",
                 "gpu_memory_utilization",
