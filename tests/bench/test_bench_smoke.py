@@ -92,13 +92,17 @@ def test_bench_bridge_rejects_bad_sizes() -> None:
     assert proc.returncode == 2 and "positive integers" in proc.stderr
 
 
-@pytest.mark.vllm
-def test_latency_bench_tiny_run(tmp_path: Path) -> None:
-    out = tmp_path / "latency"
-    env = dict(
+def _src_env() -> dict[str, str]:
+    return dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
     )
+
+
+@pytest.mark.vllm
+def test_latency_bench_tiny_run(tmp_path: Path) -> None:
+    """Every mode (stock ``vllm serve`` included) and the correctness phase, end to end."""
+    out = tmp_path / "latency"
     cmd = [
         sys.executable,
         "-m",
@@ -117,6 +121,8 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
         "4",
         "--step-ms",
         "1",
+        "--stream",
+        "both",
         "--busy",
         "both",
         "--busy-slice-ms",
@@ -127,6 +133,10 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
         "0.2",
         "--refit-pause-ms",
         "10",
+        "--race-requests",
+        "16",
+        "--race-concurrency",
+        "4",
         "--timeout",
         "30",
         "--cache-dir",
@@ -135,30 +145,126 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
         str(out),
         "--no-progress",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=400, cwd=REPO, env=_src_env()
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((out / "latency.json").read_text())
+    meta = result["meta"]
+    modes = ("stock", "unsafe", "per-hop", "loopbridge")
+    scenarios = ("stream-c2", "nostream-c2", "stream-c2-busy", "nostream-c2-busy")
     rows = {(r["scenario"], r["mode"]): r for r in result["rows"]}
-    assert set(rows) == {
-        (s, m) for s in ("c2", "c2-busy") for m in ("unsafe", "per-hop", "loopbridge")
-    }
-    for (scenario, mode), row in rows.items():
+    assert set(rows) == {(s, m) for s in scenarios for m in modes}
+    for (_scenario, mode), row in rows.items():
         assert row["requests"] == 4
         if mode != "unsafe":  # the unsafe mode may legitimately lose requests
             assert row["errors"] == 0, row["error_examples"]
             assert row["ok"] == 4
             assert 0 < row["ttft_p50"] <= row["e2e_p50"] <= row["e2e_p99"]
             assert row["rate_rps"] > 0
+        if mode != "stock":
+            assert row["p99_vs_stock"] > 0 and row["rate_vs_stock"] > 0
         if mode == "loopbridge":
             assert row["p99_vs_unsafe"] > 0 and row["p99_vs_perhop"] > 0
-    assert result["meta"]["busy_counters"]["slices"] > 0
-    assert result["meta"]["busy_counters"]["refits"] > 0
+    # The stock rows really came from a `vllm serve` process of the same release.
+    assert meta["stock_command"][:2] == ["vllm", "serve"]
+    assert meta["stock_vllm_version"] == meta["versions"]["vllm"] != "?"
+    assert meta["versions"]["torch"] != "?"
+    checks = {(t["scenario"], t["what"]) for t in result["targets"]}
+    assert ("stream-c2", "TTFT p99 ≤ 1.05x stock") in checks
+    assert ("nostream-c2", "req/s ≥ 0.98x stock") in checks
+    assert meta["busy_counters"]["slices"] > 0
+    assert meta["busy_counters"]["refits"] > 0
     partial = (out / "latency.partial.jsonl").read_text().splitlines()
-    assert len(partial) == 6  # one line per finished job, written as it ends
+    assert len(partial) == 16  # one line per finished job, written as it ends
+    version = f"vLLM {meta['versions']['vllm']}, torch {meta['versions']['torch']}"
     table = (out / "latency.md").read_text()
-    assert "| c2-busy | loopbridge |" in table
+    assert "| stream-c2-busy | loopbridge |" in table and "| nostream-c2 | stock |" in table
+    assert version in table and "Command: `python -m loopbridge_vllm.bench" in table
     for png in ("latency_cdf.png", "latency_p99.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The correctness phase: the raw engine broke, loopbridge served every request.
+    race = json.loads((out / "correctness.json").read_text())
+    outcomes = {o["mode"]: o for o in race["outcomes"]}
+    unsafe, ours = outcomes["unsafe"], outcomes["loopbridge"]
+    assert unsafe["verdict"] == "BROKEN" and unsafe["expected"]
+    assert "deque mutated during iteration" in unsafe["handler_error"]
+    assert not unsafe["engine_alive"] and unsafe["ok"] < 16 and unsafe["overlaps"] >= 1
+    assert ours["verdict"] == "SAFE" and ours["expected"]
+    assert ours["ok"] == 16 and ours["engine_alive"] and ours["foreign_sets"] == 0
+    race_md = (out / "correctness.md").read_text()
+    assert version in race_md and "| unsafe | " in race_md
+    assert race_md.strip() in proc.stdout and table.strip() in proc.stdout
+
+
+GPU_BENCH = REPO / "scripts" / "gpu-bench.sh"
+
+
+@pytest.mark.vllm
+def test_gpu_bench_dry_run(tmp_path: Path) -> None:
+    """The GPU script's arguments, model resolution and engine/stock set-up, without a GPU."""
+    env = dict(_src_env(), PYTHON=sys.executable)
+
+    def script(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(GPU_BENCH), *args],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=REPO,
+            env=env,
+        )
+
+    proc = script("--dry-run", "--out", str(tmp_path / "gpu"), "--", "--concurrency", "1,8")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    plan = json.loads(proc.stdout)
+    model = REPO / ".cache" / "tiny-model"
+    assert plan["engine"] == "local model" and plan["model"] == str(model)
+    assert plan["engine_class"] == "vllm.v1.engine.async_llm.AsyncLLM"
+    # The GPU executor (no stand-in), GPU-friendly dtype, GPU memory shared by two engines.
+    assert plan["engine_args"]["distributed_executor_backend"] == "None"
+    assert plan["engine_args"]["dtype"] == "'bfloat16'"
+    assert plan["engine_args"]["gpu_memory_utilization"] == "0.4"
+    stock = plan["stock_command"]
+    assert stock[:3] == ["vllm", "serve", str(model)]
+    assert "--distributed-executor-backend" not in stock
+    assert plan["stock_parsed"]["gpu_memory_utilization"] == "0.4"
+    assert plan["stock_parsed"]["dtype"] == "'bfloat16'"
+    assert [s["concurrency"] for s in plan["scenarios"]] == [1, 8, 1, 8]
+    assert plan["modes"] == ["stock", "unsafe", "per-hop", "loopbridge"]
+    assert plan["out"] == str(tmp_path / "gpu")
+    assert not (tmp_path / "gpu").exists()  # nothing ran
+
+    bad = script("--bogus")
+    assert bad.returncode == 2 and "unknown argument '--bogus'" in bad.stderr
+    missing = script("--dry-run", "--model", str(tmp_path))
+    assert missing.returncode == 2 and "no config.json" in missing.stderr
+    usage = script("--help")
+    assert usage.returncode == 0 and "--model DIR" in usage.stdout
+    # A benchmark option vLLM's serve parser does not know fails the dry run.
+    unknown = script("--dry-run", "--", "--engine-arg", "no_such_option=1")
+    assert unknown.returncode != 0 and "no_such_option" in unknown.stderr
+
+
+def test_requests_per_job_and_stock_flags() -> None:
+    from loopbridge_vllm.bench._run import parse_args, requests_for
+    from loopbridge_vllm.bench._stock import _flag
+
+    args = parse_args([])
+    assert args.concurrency == [1, 16, 64] and args.stream == "both"
+    assert args.modes == ["stock", "unsafe", "per-hop", "loopbridge"]
+    assert [requests_for(args, c, False) for c in (1, 16, 64)] == [16, 128, 128]
+    assert [requests_for(args, c, True) for c in (1, 16, 64)] == [4, 32, 64]
+    fixed = parse_args(["--requests", "40", "--no-stream"])
+    assert fixed.stream == "off" and requests_for(fixed, 64, False) == 40
+    assert _flag("enforce_eager", True) == ["--enforce-eager"]
+    assert _flag("enable_prefix_caching", False) == ["--no-enable-prefix-caching"]
+    assert _flag("gpu_memory_utilization", 0.5) == ["--gpu-memory-utilization", "0.5"]
+    assert _flag("override_generation_config", {"a": 1}) == [
+        "--override-generation-config",
+        '{"a": 1}',
+    ]
 
 
 def test_stream_end_parsing() -> None:
@@ -170,14 +276,14 @@ def test_stream_end_parsing() -> None:
     # The tail may start mid-event: the cut-off line is skipped, not fatal.
     assert _stream_end(body[20:], error=False) == (4, None)
     err = b'data: {"error":{"message":"boom","code":500}}\n\n' + usage
-    tokens, msg = _stream_end(err, error=True)
+    _tokens, msg = _stream_end(err, error=True)
     assert msg is not None and "boom" in msg
     assert _stream_end(b"data: [DONE]\n\n", error=False) == (0, None)
     assert _FIRST_TEXT.search(b'{"text":"x"}') and not _FIRST_TEXT.search(b'{"text":""}')
 
 
 def test_percentile_and_summary() -> None:
-    from loopbridge_vllm.bench._report import percentile, summarize
+    from loopbridge_vllm.bench._report import percentile, summarize, target_checks
 
     assert percentile([], 50) != percentile([], 50)  # NaN for no data
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
@@ -200,6 +306,7 @@ def test_percentile_and_summary() -> None:
 
     rows = summarize(
         [
+            rec("stock", 0.5),
             rec("unsafe", 1.0),
             rec("per-hop", 2.0),
             rec("loopbridge", 1.0),
@@ -209,4 +316,9 @@ def test_percentile_and_summary() -> None:
     lb = next(r for r in rows if r["mode"] == "loopbridge")
     assert lb["requests"] == 10  # the warm-up round is left out
     assert lb["p99_vs_unsafe"] == 1.0 and lb["p99_vs_perhop"] == 0.5
-    assert [r["mode"] for r in rows] == ["unsafe", "per-hop", "loopbridge"]
+    assert lb["p99_vs_stock"] == 2.0 and lb["ttft_p50_vs_stock"] == 2.0
+    assert lb["rate_vs_stock"] == 1.0
+    assert [r["mode"] for r in rows] == ["stock", "unsafe", "per-hop", "loopbridge"]
+    checks = {t["what"]: t["met"] for t in target_checks(rows)}
+    assert checks["e2e p99 ≤ 1.05x stock"] is False and checks["req/s ≥ 0.98x stock"] is True
+    assert checks["TTFT p50 ≤ 1.05x stock"] is False  # streaming is the default

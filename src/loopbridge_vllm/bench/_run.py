@@ -259,6 +259,15 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     spec = _spec(args)
     model_dir = prepare_model(spec)
+    platform_note = "as the real run"
+    if spec.model is not None and "VLLM_TARGET_DEVICE" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            # vLLM's parser needs a platform to fill in its defaults; without a
+            # GPU it would refuse to guess one.
+            os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+            platform_note = "cpu (no GPU here: the parser's device defaults are the CPU's)"
     eargs = engine_args(spec, model_dir)
     from vllm.v1.engine.async_llm import AsyncLLM  # the class the real run builds
 
@@ -268,6 +277,7 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
         "model": str(model_dir),
         "engine": "local model" if args.model is not None else "CPU stand-in executor",
         "engine_class": f"{AsyncLLM.__module__}.{AsyncLLM.__qualname__}",
+        "platform": platform_note,
         "engine_args": {
             k: repr(getattr(eargs, k))
             for k in sorted(
@@ -287,6 +297,7 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
             k: repr(getattr(parsed, k))
             for k in (
                 "model",
+                "dtype",
                 "max_num_seqs",
                 "distributed_executor_backend",
                 "gpu_memory_utilization",
