@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 
-from loopbridge import LagMonitor, monitor_lag
+from loopbridge.metrics import LagMonitor, monitor_lag
 
 __all__ = ["export_metrics"]
 
@@ -62,7 +62,7 @@ def _register_collector() -> bool:
     try:
         from prometheus_client import REGISTRY
 
-        from loopbridge.prometheus import LoopbridgeCollector
+        from loopbridge.metrics.prometheus import LoopbridgeCollector
     except ImportError:
         _log.info("prometheus_client is not installed: loopbridge's series are not exported")
         return False
