@@ -55,6 +55,11 @@ def _mine(entries: list[dict[str, Any]], owner: lb.LoopThread) -> list[dict[str,
     return [e for e in entries if str(e["owner"]).endswith(label)]
 
 
+def _running(entries: list[dict[str, Any]]) -> bool:
+    """Every entry has started on the owner, which is suspended inside it."""
+    return bool(entries) and all(e["started"] and e["owner_at"] for e in entries)
+
+
 def test_dump_names_both_sides_durations_and_sites(owner: lb.LoopThread, sites: None) -> None:
     engine = owner.run(_make)
     p = lb.proxy(engine)
@@ -217,7 +222,8 @@ def test_signal_writes_the_dump(asyncio_owner: lb.LoopThread) -> None:
             # origin, which asyncio debug mode records.
             task = asyncio.ensure_future(p.wait_forever())  # signal-call-here
             await apoll_until(
-                lambda: _mine(dump_inflight(), asyncio_owner), "the call was submitted"
+                lambda: _running(_mine(dump_inflight(), asyncio_owner)),
+                "the call runs on the owner",
             )
             os.kill(os.getpid(), signal.SIGUSR1)
             # The handler runs on this (main) thread, between two bytecodes.
