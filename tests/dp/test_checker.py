@@ -140,8 +140,37 @@ def test_starved_stats_task_is_outside_the_filter(record_property: Any) -> None:
     assert kinds(res) == {"hang"}
 
 
+def test_e_one_request_survives_a_starved_stats_task(record_property: Any) -> None:
+    """With the stats task modelled exactly (a pending FIRST_REQ goes out
+    before publications are drained while the client believes the engines
+    idle), one request and a pause are clean even when the task is starved;
+    unfiltered 0.32.0 still hangs there (finding 1)."""
+    assert run("e", record_property).ok
+    assert kinds(run("c", record_property)) == {"hang"}
+
+
+@pytest.mark.parametrize("targets", [((0,),), ((0,), (1,))], ids=["one-server", "sequential"])
+@pytest.mark.parametrize("variant", ["c", "c33", "d33", "e"])
+def test_subset_pause_hangs_even_with_the_filter(
+    variant: str, targets: Any, record_property: Any
+) -> None:
+    """A pause that reaches only rank 0 (one API server of a hybrid/external
+    LB deployment, or servers paused one at a time) kicks rank 0 into a dummy
+    forward that idle rank 1 never joins; nothing reaches rank 1 that a
+    filter could hold or release.  Pausing every rank before waiting is the
+    rule (docs/dp-protocol.md)."""
+    res = run(variant, record_property, prompt_first_req=True, pause_targets=targets)
+    assert kinds(res) == {"hang"}
+    assert res.violations["hang"].detail == "r0 in fwd; r1 never join(s)"
+    # The same orchestrator pausing both ranks at once is clean on (e).
+    if variant == "e":
+        assert run(variant, record_property, prompt_first_req=True, pause_targets=((0, 1),)).ok
+
+
 def test_config_rejects_bad_bounds() -> None:
     with pytest.raises(ValueError):
         Config(VARIANTS["c"], ranks=1)
     with pytest.raises(ValueError):
         Config(VARIANTS["c"], sync_interval=0)
+    with pytest.raises(ValueError):
+        Config(VARIANTS["c"], pause_targets=((2,),))

@@ -143,6 +143,16 @@ C032 = [
         dict(pauses=0, aborts=1, prompt_first_req=True), "hang", id="no-pause-abort-before-step"
     ),
     pytest.param(dict(), "hang", id="default-bounds"),
+    # A pause that reaches only some ranks: an API server that manages only
+    # its own engines (hybrid/external LB), or servers paused one at a time.
+    pytest.param(
+        dict(prompt_first_req=True, pause_targets=((0,),)), "hang", id="subset-pause-one-server"
+    ),
+    pytest.param(
+        dict(prompt_first_req=True, pause_targets=((0,), (1,))),
+        "hang",
+        id="subset-pause-one-after-another",
+    ),
 ]
 
 
@@ -154,6 +164,23 @@ def test_real_032_reproduces_counterexample(bounds: dict[str, Any], kind: str) -
     ends = confirm(v, cfg.ranks, cfg.req_len)
     print(f"{kind}: real ranks end in {ends}\n{v.timeline(cfg.ranks)}")
     assert len(set(ends)) > 1  # the ranks are split: not all in one collective
+
+
+@pytest.mark.parametrize("targets", [((0,),), ((0,), (1,))], ids=["one-server", "sequential"])
+def test_real_032_with_filter_still_hangs_on_a_subset_pause(targets: Any) -> None:
+    """The filter cannot help: the paused rank is kicked into a dummy forward
+    by vLLM's own two-phase pause, and the rank that got no pause has no
+    message to hold or release that would wake it."""
+    from loopbridge_vllm.dp import _patch
+
+    cfg = Config(VARIANTS["e"], prompt_first_req=True, pause_targets=targets)
+    v = check(cfg, heal_check=False).violations["hang"]
+    assert _patch.install_filter()
+    try:
+        ends = confirm(v, cfg.ranks, cfg.req_len)
+    finally:
+        _patch.uninstall_filter()
+    assert ends == ["fwd", "input"]
 
 
 def test_replay_rejects_a_trace_the_real_code_cannot_follow() -> None:

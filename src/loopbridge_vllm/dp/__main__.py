@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the stats task forwards FIRST_REQ at once (no starved task)",
     )
+    c.add_argument(
+        "--pause-targets",
+        default="",
+        help="ranks each pause reaches, as successive pauses: '0' or '0;1' (default: all)",
+    )
     c.add_argument("--max-states", type=int, default=2_000_000)
     c.add_argument("--no-heal-check", action="store_true")
     a = p.parse_args(argv)
@@ -52,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
             aborts=a.aborts,
             when=a.when,
             prompt_first_req=a.prompt_first_req,
+            pause_targets=tuple(
+                tuple(int(r) for r in group.split(","))
+                for group in a.pause_targets.split(";")
+                if group
+            ),
         )
     except ValueError as e:
         p.error(str(e))

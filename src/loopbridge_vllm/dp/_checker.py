@@ -74,6 +74,7 @@ class Result:
             f"pauses={cfg.pauses} mode={cfg.mode} weight_updates={cfg.weight_updates} "
             f"resumes={cfg.resumes} aborts={cfg.aborts} sync_interval={cfg.sync_interval}"
             f"{' prompt_first_req' if cfg.prompt_first_req else ''}"
+            f"{f' pause_targets={cfg.pause_targets}' if cfg.pause_targets else ''}"
         )
         verdict = "no violation" if self.ok else ", ".join(sorted(self.violations))
         if not self.complete:
@@ -115,7 +116,7 @@ def check(
     """Explore every interleaving of ``cfg`` and report violations."""
     t0 = time.perf_counter()
     res = Result(cfg)
-    start = canonical(initial(cfg))
+    start = canonical(initial(cfg), cfg.symmetric)
     parent: dict[World, tuple[World, Label] | None] = {start: None}
     queue: deque[World] = deque([start])
     while queue:
@@ -133,7 +134,7 @@ def check(
         if found is not None and found[0] == "utility-error":
             continue  # the orchestrator would stop here
         for label, nxt in succ:
-            nxt = canonical(nxt)
+            nxt = canonical(nxt, cfg.symmetric)
             if nxt not in parent:
                 parent[nxt] = (w, label)
                 queue.append(nxt)
@@ -162,7 +163,7 @@ def _trace(
     worlds = [cur]
     for target in path[1:]:
         for label, nxt in successors(cfg, cur):
-            if canonical(nxt) == target:
+            if canonical(nxt, cfg.symmetric) == target:
                 labels.append(label)
                 worlds.append(nxt)
                 cur = nxt
@@ -184,7 +185,7 @@ def _with_heal(cfg: Config, v: Violation, max_states: int) -> Violation:
         if quiescent and classify(cfg, w, True) is None:
             return Violation(v.kind, v.detail, v.trace, v.state, True, v.path)
         for _, nxt in succ:
-            nxt = canonical(nxt)
+            nxt = canonical(nxt, cfg.symmetric)
             if nxt not in seen:
                 seen.add(nxt)
                 queue.append(nxt)

@@ -201,9 +201,9 @@ class Publication:
     running: bool
 
 
-ClientMsg = Union[Add, Abort, Utility]
-EngineMsg = Union[WaveComplete, StartWave]
-InMsg = Union[Add, Abort, Utility, StartDPWave]
+ClientMsg = Union[Add, Abort, Utility]  # noqa: UP007  (runtime alias on 3.10)
+EngineMsg = Union[WaveComplete, StartWave]  # noqa: UP007
+InMsg = Union[Add, Abort, Utility, StartDPWave]  # noqa: UP007
 
 
 # --------------------------------------------------------------------------
@@ -299,7 +299,14 @@ class Config:
     when: Literal["any", "before", "during", "after"] = "any"
     #: the front-end's stats task forwards FIRST_REQ at once (no starved task)
     prompt_first_req: bool = False
+    #: which ranks each pause reaches, as successive pause utilities (each
+    #: waited for before the next); empty = one pause to every rank.  The
+    #: weight update and resume go to the union: the ranks this orchestrator
+    #: manages (a hybrid/external-LB API server manages only its own).
+    pause_targets: tuple[tuple[int, ...], ...] = ()
     script: tuple[Utility, ...] = field(init=False)
+    #: the ranks each script op is sent to
+    targets: tuple[frozenset[int], ...] = field(init=False)
 
     def __post_init__(self) -> None:
         if self.ranks < 2:
@@ -310,14 +317,30 @@ class Config:
             raise ValueError("bounds must be non-negative")
         if self.resumes < 0 or self.mode not in ("keep", "abort", "wait"):
             raise ValueError(f"bad resumes/mode: {self.resumes!r}/{self.mode!r}")
+        everyone = frozenset(range(self.ranks))
+        groups = [frozenset(g) for g in self.pause_targets] or [everyone]
+        if any(not g or not g <= everyone for g in groups):
+            raise ValueError(f"pause targets must be non-empty sets of ranks: {self.pause_targets}")
+        managed = frozenset().union(*groups)
         ops: list[Utility] = []
+        targets: list[frozenset[int]] = []
         for _ in range(self.pauses):
-            ops.append(Utility(len(ops), "pause", self.mode))
+            for g in groups:
+                ops.append(Utility(len(ops), "pause", self.mode))
+                targets.append(g)
             for _ in range(self.weight_updates):
                 ops.append(Utility(len(ops), "rpc"))
+                targets.append(managed)
             for _ in range(self.resumes):
                 ops.append(Utility(len(ops), "resume"))
+                targets.append(managed)
         object.__setattr__(self, "script", tuple(ops))
+        object.__setattr__(self, "targets", tuple(targets))
+
+    @property
+    def symmetric(self) -> bool:
+        """Ranks 1..N-1 are interchangeable (not when pauses single some out)."""
+        return not self.pause_targets
 
     def may_send(self, stage: int, waiting: bool) -> bool:
         """Whether the request window is open at this point of the script."""
@@ -736,21 +759,30 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
 
     # Client: script, stats task, optional requests and aborts.
     if not c.waiting and c.stage < len(cfg.script):
-        u = cfg.script[c.stage]
+        u, to = cfg.script[c.stage], cfg.targets[c.stage]
         nw = replace(
             w,
-            ranks=tuple(replace(r, cin=r.cin + (u,)) for r in w.ranks),
-            client=replace(c, stage=c.stage + 1, waiting=frozenset(range(n))),
+            ranks=tuple(
+                replace(r, cin=r.cin + (u,)) if i in to else r for i, r in enumerate(w.ranks)
+            ),
+            client=replace(c, stage=c.stage + 1, waiting=to),
         )
-        out.append((("client", f"send {_describe(u)} to all"), nw))
-    if c.first_req:
+        whom = "all" if len(to) == n else ",".join(f"r{i}" for i in sorted(to))
+        out.append((("client", f"send {_describe(u)} to {whom}"), nw))
+    # The stats task polls the FIRST_REQ socket and the publication socket
+    # together (``core_client.py``, run_engine_stats_update_task): while the
+    # client believes the engines idle and both are ready it forwards the
+    # FIRST_REQ first; otherwise the poller lists the publication socket
+    # first and the publications are drained first.
+    both = bool(c.first_req) and bool(c.pub)
+    if c.first_req and (not both or not c.running):
         e = c.first_req[0]
         nc = replace(c, first_req=c.first_req[1:], running=True)
         nco = replace(co, front=co.front + (FirstReq(e, c.wave),))
         out.append(
             (("client", f"stats task: FIRST_REQ e{e} w{c.wave}"), replace(w, client=nc, coord=nco))
         )
-    if c.pub:
+    if c.pub and (not both or c.running):
         p = c.pub[0]
         out.append(
             (
@@ -861,9 +893,11 @@ def _shift_msg(m: object, d: int) -> object:
     return m
 
 
-def canonical(w: World) -> World:
-    """The representative of ``w``: waves shifted to start at 0, ranks 1.. sorted."""
-    return symmetric(_shift_waves(w))
+def canonical(w: World, by_symmetry: bool = True) -> World:
+    """The representative of ``w``: waves shifted to start at 0, ranks 1.. sorted
+    (only when ``by_symmetry``: the ranks run identical code and scripts)."""
+    shifted = _shift_waves(w)
+    return symmetric(shifted) if by_symmetry else shifted
 
 
 def _shift_waves(w: World) -> World:
