@@ -151,8 +151,9 @@ def _bind(host: str, port: int) -> socket.socket:
 def _adopt_listener(sock: socket.socket) -> socket.socket:
     if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
         raise ValueError(f"sock must be a listening TCP socket, not {sock!r}")
-    # The caller's socket may have been made with protocol 0: disable Nagle
-    # here too (asyncio would not; see _bind).
+    # The caller's socket may have been made with protocol 0, for which asyncio
+    # leaves Nagle on (see _bind). Linux copies TCP_NODELAY from the listener
+    # to the connections it accepts.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
     return sock
