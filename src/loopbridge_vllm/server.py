@@ -128,8 +128,9 @@ def _bind(host: str, port: int) -> socket.socket:
 def _adopt_listener(sock: socket.socket) -> socket.socket:
     if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
         raise ValueError(f"sock must be a listening TCP socket, not {sock!r}")
-    # The caller's socket may have been made with protocol 0: disable Nagle
-    # here too (asyncio would not; see _bind).
+    # The caller's socket may have been made with protocol 0, for which asyncio
+    # leaves Nagle on (see _bind). Linux copies TCP_NODELAY from the listener
+    # to the connections it accepts.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
     return sock
@@ -254,11 +255,7 @@ class OpenAIServer:
             running = asyncio.get_running_loop()
         except RuntimeError:
             return False
-        try:
-            owner = owner_loop(self.client)
-        except LoopAffinityError:
-            return False
-        return running is owner
+        return running is _owner_of(self.client)
 
     @property
     def running(self) -> bool:
@@ -398,7 +395,7 @@ class OpenAIServer:
                 await watchdog
 
     async def _export_metrics(self) -> None:
-        owner = owner_loop(self.client)
+        owner = _owner_of(self.client)
         if owner is None:
             return
         # The label names the engine: its model and the thread that owns it.
@@ -410,7 +407,7 @@ class OpenAIServer:
         export_metrics(owner, f"{model} on {thread}")
 
     async def _watchdog(self, server: Any) -> None:
-        owner = owner_loop(self.client)
+        owner = _owner_of(self.client)
         stopped_ticks = 0
         while True:
             await asyncio.sleep(self._watchdog_interval)
@@ -444,6 +441,14 @@ class OpenAIServer:
         engine = unwrap(self.client)
         with contextlib.suppress(RuntimeError):  # closed meanwhile: see above
             owner.call_soon_threadsafe(_start_abort_all, engine)
+
+
+def _owner_of(client: Any) -> asyncio.AbstractEventLoop | None:
+    """The client's owner loop; ``None`` for a client that is not loop-affine."""
+    try:
+        return owner_loop(client)
+    except LoopAffinityError:
+        return None
 
 
 async def _current_thread_name() -> str:
@@ -508,22 +513,9 @@ def start_openai_server(
     Request bodies over ``max_body_bytes`` (default 32 MiB) are answered 413
     without being kept; ``None`` accepts any size, as stock ``vllm serve`` does.
     """
-    server = _prepare(
-        engine,
-        serve_argv,
-        args,
-        shutdown_engine,
-        proxy_options,
-        host=host,
-        port=port,
-        grace=grace,
-        log_level=log_level,
-        use_uvloop=use_uvloop,
-        metrics=metrics,
-        max_body_bytes=max_body_bytes,
-        sock=sock,
-    )
-    return server.start(start_timeout)
+    settings = dict(locals())  # every parameter above, by name
+    timeout = settings.pop("start_timeout")
+    return _prepare(**settings).start(timeout)
 
 
 async def astart_openai_server(
@@ -548,22 +540,9 @@ async def astart_openai_server(
     A Ray async actor that owns the engine calls this from one of its async
     methods: the actor's loop keeps serving the engine while the server starts.
     """
-    server = _prepare(
-        engine,
-        serve_argv,
-        args,
-        shutdown_engine,
-        proxy_options,
-        host=host,
-        port=port,
-        grace=grace,
-        log_level=log_level,
-        use_uvloop=use_uvloop,
-        metrics=metrics,
-        max_body_bytes=max_body_bytes,
-        sock=sock,
-    )
-    return await server.astart(start_timeout)
+    settings = dict(locals())  # every parameter above, by name
+    timeout = settings.pop("start_timeout")
+    return await _prepare(**settings).astart(timeout)
 
 
 def _prepare(

@@ -1,10 +1,11 @@
-"""``python -m loopbridge_vllm serve``: a real process, real HTTP, real signals."""
+"""``python -m loopbridge_vllm serve``: a real process, real HTTP, real signals, a busy port."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,10 +15,16 @@ import httpx
 from vllm_engines import REPO
 
 
-def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
+def _env() -> dict[str, str]:
+    """The environment for ``python -m loopbridge_vllm``, with this tree's sources first."""
     env = dict(os.environ)
     src = str(REPO / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
+    env = _env()
     cmd = [
         sys.executable,
         "-m",
@@ -73,15 +80,34 @@ def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
 
 
 def test_unknown_subcommand_is_a_clear_error() -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p
-    )
     done = subprocess.run(
         [sys.executable, "-m", "loopbridge_vllm", "frobnicate"],
-        env=env,
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2 and "unknown subcommand" in done.stderr
+
+
+def test_busy_port_fails_fast_with_one_clear_line(tiny_model: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        argv = ["serve", str(tiny_model), "--port", str(port), "--cpu-standin"]
+        done = subprocess.run(
+            [sys.executable, "-m", "loopbridge_vllm", *argv],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+        )
+    output = (done.stdout + done.stderr).strip().splitlines()
+    # One line and nothing else: no traceback, and no engine log, since the
+    # engine was never built.
+    assert done.returncode == 1, output
+    assert len(output) == 1, output
+    line = output[0]
+    assert f"port {port} is already in use" in line and "--port" in line

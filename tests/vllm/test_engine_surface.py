@@ -43,7 +43,9 @@ def test_rules_agree_with_member_kinds() -> None:
             assert kind == "asyncgen", name
         elif rule.policy is Policy.MARSHAL:
             assert kind == "async", name
-        elif rule.policy in (Policy.STABLE, Policy.HEALTH, Policy.THREADSAFE, Policy.REFUSE):
+        elif rule.policy is Policy.HEALTH:  # check_health is a coroutine that only reads
+            assert kind in ("sync", "property", "data", "async"), name
+        elif rule.policy in (Policy.STABLE, Policy.THREADSAFE, Policy.REFUSE):
             assert kind in ("sync", "property", "data"), name
 
 
@@ -161,16 +163,18 @@ def test_health_reads_do_not_wait_for_the_owner_loop(
             )
         )
         assert status == (False, True, False, "EngineDeadError")
+        # check_health (behind /health) runs on the caller's loop: it answers too.
+        _in_thread(lambda: asyncio.run(engine_proxy.check_health()))
 
         # A short cancel grace: the timed-out call's cleanup needs the stuck loop.
         quick = engine_client_proxy(shared_engine[1], cancel_grace=0.1)
 
-        async def health() -> None:
-            await quick.check_health()
+        async def tasks() -> None:
+            await quick.get_supported_tasks()
 
         # ... and a marshalled call indeed waits for it (contrast).
         with pytest.raises(TimeoutError):
-            asyncio.run(asyncio.wait_for(health(), 0.3))
+            asyncio.run(asyncio.wait_for(tasks(), 0.3))
     finally:
         release.set()
 
