@@ -336,6 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     records: list[dict[str, Any]] = []
     outcomes: list[Outcome] = []
+    race_s = 0.0
     bar = _progress(total, args.progress)
     t_start = time.perf_counter()
     out: Path = args.out
@@ -354,6 +355,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stock.start(dict(os.environ))
         if args.correctness == "on":
             bar.set_description("correctness phase (race amplifier)")
+            t_race = time.perf_counter()
             outcomes = run_correctness(
                 spec,
                 load_proc,
@@ -361,6 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 concurrency=args.race_concurrency,
                 timeout_s=min(args.timeout, 30.0),
             )
+            race_s = time.perf_counter() - t_race
         bar.set_description("starting engine and servers")
         if threaded:
             stack.start()
@@ -455,6 +458,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "correctness": {
             "requests": args.race_requests,
             "concurrency": args.race_concurrency,
+            "elapsed_s": race_s,  # its own engine's start-up and shutdown included
             "outcomes": [o.as_json() for o in outcomes],
         },
         "busy_load": asdict(load),
