@@ -271,8 +271,8 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
     eargs = engine_args(spec, model_dir)
     from vllm.v1.engine.async_llm import AsyncLLM  # the class the real run builds
 
-    argv = stock_argv(spec, model_dir, "127.0.0.1", 8000)
-    parsed = check_stock_argv(argv)
+    argv = stock_argv(eargs, "127.0.0.1", 8000)
+    parsed = check_stock_argv(argv, eargs)
     plan = {
         "model": str(model_dir),
         "engine": "local model" if args.model is not None else "CPU stand-in executor",
@@ -345,7 +345,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # unsafe mode can abort it) keeps what was measured so far.
     partial = (out / "latency.partial.jsonl").open("w")
     model_dir = prepare_model(spec)  # also the environment both servers' engines inherit
-    stock = StockServer(spec, model_dir, out / "stock-server.log") if "stock" in modes else None
+    stock = None
+    if "stock" in modes:
+        stock = StockServer(engine_args(spec, model_dir), out / "stock-server.log")
     load_proc = LoadProcess()
     stack = Stack(spec, threaded)
     try:
