@@ -242,9 +242,40 @@ def test_gpu_bench_dry_run(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no config.json" in missing.stderr
     usage = script("--help")
     assert usage.returncode == 0 and "--model DIR" in usage.stdout
-    # A benchmark option vLLM's serve parser does not know fails the dry run.
-    unknown = script("--dry-run", "--", "--engine-arg", "no_such_option=1")
-    assert unknown.returncode != 0 and "no_such_option" in unknown.stderr
+
+
+_MISMATCH = """
+import sys
+from pathlib import Path
+from loopbridge_vllm.bench._stack import EngineSpec, engine_args, prepare_model
+from loopbridge_vllm.bench._stock import check_stock_argv, stock_argv
+spec = EngineSpec(None, Path(sys.argv[1]), 0.0, 8, 256)
+ours = engine_args(spec, prepare_model(spec))
+argv = stock_argv(ours, "127.0.0.1", 8000)
+check_stock_argv(argv, ours)  # the same engine: passes
+for extra in (["--max-num-seqs", "4"], ["--enable-chunked-prefill"], ["--no-such-option"]):
+    try:
+        check_stock_argv(argv + extra, ours)
+    except ValueError as exc:
+        print("refused:", exc)
+"""
+
+
+@pytest.mark.vllm
+def test_stock_command_must_build_the_same_engine() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _MISMATCH, str(REPO / ".cache")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=_src_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    refused = [line for line in proc.stdout.splitlines() if line.startswith("refused:")]
+    assert len(refused) == 3, proc.stdout
+    assert "max_num_seqs" in refused[0] and "enable_chunked_prefill" in refused[1]
+    assert "does not accept ['--no-such-option']" in refused[2]
 
 
 def test_requests_per_job_and_stock_flags() -> None:
@@ -261,6 +292,7 @@ def test_requests_per_job_and_stock_flags() -> None:
     assert _flag("enforce_eager", True) == ["--enforce-eager"]
     assert _flag("enable_prefix_caching", False) == ["--no-enable-prefix-caching"]
     assert _flag("gpu_memory_utilization", 0.5) == ["--gpu-memory-utilization", "0.5"]
+    assert _flag("served_model_name", ["a", "b"]) == ["--served-model-name", "a", "b"]
     assert _flag("override_generation_config", {"a": 1}) == [
         "--override-generation-config",
         '{"a": 1}',

@@ -140,7 +140,8 @@ def correctness_markdown(outcomes: list[Outcome], meta: dict[str, Any]) -> str:
     lines = [
         "Correctness phase: the race amplifier (`CollectorSetHold`) on, "
         f"{outcomes[0].requests if outcomes else 0} non-streaming requests per mode, "
-        f"c = {meta['correctness']['concurrency']}, one engine of its own. "
+        f"c = {meta['correctness']['concurrency']}, one engine of its own; "
+        f"{meta['correctness'].get('elapsed_s', 0.0):.0f} s with its start-up. "
         f"{versions_line(meta)}",
         "",
         "| mode | ok / requests | engine after | output handler | foreign wake-ups held | verdict | as expected |",

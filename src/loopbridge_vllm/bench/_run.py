@@ -271,8 +271,8 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
     eargs = engine_args(spec, model_dir)
     from vllm.v1.engine.async_llm import AsyncLLM  # the class the real run builds
 
-    argv = stock_argv(spec, model_dir, "127.0.0.1", 8000)
-    parsed = check_stock_argv(argv)
+    argv = stock_argv(eargs, "127.0.0.1", 8000)
+    parsed = check_stock_argv(argv, eargs)
     plan = {
         "model": str(model_dir),
         "engine": "local model" if args.model is not None else "CPU stand-in executor",
@@ -336,6 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     records: list[dict[str, Any]] = []
     outcomes: list[Outcome] = []
+    race_s = 0.0
     bar = _progress(total, args.progress)
     t_start = time.perf_counter()
     out: Path = args.out
@@ -344,7 +345,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # unsafe mode can abort it) keeps what was measured so far.
     partial = (out / "latency.partial.jsonl").open("w")
     model_dir = prepare_model(spec)  # also the environment both servers' engines inherit
-    stock = StockServer(spec, model_dir, out / "stock-server.log") if "stock" in modes else None
+    stock = None
+    if "stock" in modes:
+        stock = StockServer(engine_args(spec, model_dir), out / "stock-server.log")
     load_proc = LoadProcess()
     stack = Stack(spec, threaded)
     try:
@@ -354,6 +357,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stock.start(dict(os.environ))
         if args.correctness == "on":
             bar.set_description("correctness phase (race amplifier)")
+            t_race = time.perf_counter()
             outcomes = run_correctness(
                 spec,
                 load_proc,
@@ -361,6 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 concurrency=args.race_concurrency,
                 timeout_s=min(args.timeout, 30.0),
             )
+            race_s = time.perf_counter() - t_race
         bar.set_description("starting engine and servers")
         if threaded:
             stack.start()
@@ -455,6 +460,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "correctness": {
             "requests": args.race_requests,
             "concurrency": args.race_concurrency,
+            "elapsed_s": race_s,  # its own engine's start-up and shutdown included
             "outcomes": [o.as_json() for o in outcomes],
         },
         "busy_load": asdict(load),

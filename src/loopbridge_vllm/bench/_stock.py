@@ -3,10 +3,11 @@
 It is started the way a user starts it (vLLM's command-line entry point, which
 runs the server on uvloop in the process's main thread, with the EngineCore in
 a child process), over the same engine configuration as the threaded stack:
-the same model, the same served name, batch limit and context length, and on
-CPU the same stand-in executor (``--distributed-executor-backend``; the child
-imports it through ``PYTHONPATH``, which :func:`cpu_engine_env` sets).  Only
-``--port`` and ``--host`` differ.
+its flags are derived from the very ``AsyncEngineArgs`` the threaded stack's
+engine is built from (same model, served name, batch limit, context length,
+dtype and, on CPU, the same stand-in executor through
+``--distributed-executor-backend``; the child imports it through
+``PYTHONPATH``, which ``cpu_engine_env`` sets).
 
 The process gets its own session, so that stopping it also reaches the
 EngineCore it spawned: nothing is left running after :meth:`StockServer.stop`.
@@ -14,6 +15,7 @@ EngineCore it spawned: nothing is left running after :meth:`StockServer.stop`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -23,8 +25,6 @@ import sys
 import time
 from pathlib import Path
 from typing import IO, Any
-
-from ._stack import SERVED_NAME, EngineSpec
 
 __all__ = ["StockServer", "StockStartError", "stock_argv"]
 
@@ -39,37 +39,67 @@ def _flag(key: str, value: Any) -> list[str]:
         return [name]
     if value is False:
         return ["--no-" + key.replace("_", "-")]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [name, *value]  # nargs="+" options such as --served-model-name
     if isinstance(value, (dict, list)):
         return [name, json.dumps(value)]
     return [name, str(value)]
 
 
-def stock_argv(spec: EngineSpec, model_dir: Path, host: str, port: int) -> list[str]:
-    """``vllm serve`` arguments equivalent to the threaded stack's engine."""
-    from loopbridge_vllm.cpu_engine import STANDIN_BACKEND
+def engine_settings(args: Any) -> dict[str, Any]:
+    """The fields of ``AsyncEngineArgs`` ``args`` that differ from vLLM's defaults."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
 
-    argv = [str(model_dir), "--host", host, "--port", str(port)]
-    argv += ["--served-model-name", SERVED_NAME, "--max-num-seqs", str(spec.max_num_seqs)]
-    # Both servers skip the same per-request work.
-    argv += ["--disable-log-stats", "--disable-uvicorn-access-log"]
-    if spec.max_model_len:
-        argv += ["--max-model-len", str(spec.max_model_len)]
-    if spec.model is None:  # the stand-in engine's fixed settings (cpu_engine's defaults)
-        argv += ["--dtype", "float32", "--enforce-eager"]
-        argv += ["--distributed-executor-backend", STANDIN_BACKEND]
-    for key, value in spec.engine_args:
+    base = AsyncEngineArgs(model=args.model)
+    return {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(args)
+        if f.name != "model" and getattr(args, f.name) != getattr(base, f.name)
+    }
+
+
+def stock_argv(engine_args: Any, host: str, port: int) -> list[str]:
+    """``vllm serve`` arguments for the engine the threaded stack builds from ``engine_args``.
+
+    Derived from the same ``AsyncEngineArgs`` object, so the two engines cannot
+    drift apart: every setting that differs from vLLM's default becomes a flag.
+    """
+    argv = [str(engine_args.model), "--host", host, "--port", str(port)]
+    # The threaded server does not log each request either (server.serve_args).
+    argv.append("--disable-uvicorn-access-log")
+    for key, value in engine_settings(engine_args).items():
         argv += _flag(key, value)
     return argv
 
 
-def check_stock_argv(argv: list[str]) -> Any:
-    """Parse ``argv`` with vLLM's own ``serve`` parser (raises on an unknown option)."""
+def check_stock_argv(argv: list[str], engine_args: Any) -> Any:
+    """Parse ``argv`` with vLLM's own ``serve`` parser and check it means ``engine_args``.
+
+    Raises ``ValueError`` on an option ``vllm serve`` does not know, or when the
+    engine it would build differs from the threaded stack's in any setting.
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
     from loopbridge_vllm.server import _make_parser
 
     parser = _make_parser()
     args, unknown = parser.parse_known_args(["--model", *argv])
     if unknown:
         raise ValueError(f"vllm serve does not accept {unknown}")
+    theirs = AsyncEngineArgs.from_cli_args(args)
+    # What the flags change, against the same command line without them (the
+    # command line's defaults differ from the dataclass's in places).
+    bare = AsyncEngineArgs.from_cli_args(parser.parse_args(["--model", argv[0]]))
+    ours = engine_settings(engine_args)
+    changed = {
+        f.name
+        for f in dataclasses.fields(theirs)
+        if getattr(theirs, f.name) != getattr(bare, f.name)
+    }
+    wrong = {k for k in ours if getattr(theirs, k) != ours[k]} | (changed - set(ours))
+    if wrong:
+        diff = {k: (ours.get(k), getattr(theirs, k)) for k in sorted(wrong)}
+        raise ValueError(f"vllm serve would build another engine (ours, stock): {diff}")
     return args
 
 
@@ -83,11 +113,11 @@ def _free_port(host: str) -> int:
 class StockServer:
     """One ``vllm serve`` process; :meth:`start` returns at once, :meth:`wait_ready` blocks."""
 
-    def __init__(self, spec: EngineSpec, model_dir: Path, log_path: Path) -> None:
+    def __init__(self, engine_args: Any, log_path: Path) -> None:
         self.host = "127.0.0.1"
         self.port = _free_port(self.host)
         self.url = f"http://{self.host}:{self.port}"
-        self.argv = stock_argv(spec, model_dir, self.host, self.port)
+        self.argv = stock_argv(engine_args, self.host, self.port)
         self.command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *self.argv]
         self.log_path = log_path
         self.version: str | None = None  # what the server's own /version reports
