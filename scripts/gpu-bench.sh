@@ -14,14 +14,14 @@
 #                 plan and start nothing; needs no GPU (CI runs this)
 #   BENCH ARGS    passed on to `python -m loopbridge_vllm.bench` (--help lists them)
 #
-# Python: $PYTHON, else .venv/bin/python, else python3. It needs a CUDA build of vLLM
-# (`pip install vllm==0.32.0`) and loopbridge (`pip install -e ".[server,bench]"`).
+# Python: $PYTHON, else .venv/bin/python, else python3. It needs a CUDA build of a
+# supported vLLM release (`pip install vllm==X.Y.Z`) and loopbridge (`pip install -e ".[server,bench]"`).
 # Both engines (ours and stock's) share the GPU; each takes 0.4 of its memory unless
 # `--engine-arg gpu_memory_utilization=...` says otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "gpu-bench.sh: $*" >&2; echo "run 'bash scripts/gpu-bench.sh --help' for usage" >&2; exit 2; }
 
 model=""

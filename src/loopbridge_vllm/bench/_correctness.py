@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ._amplifier import CollectorSetHold
@@ -51,7 +51,7 @@ class Outcome:
     foreign_sets: int  # ... with a waiter on another thread's loop
     overlaps: int  # ... held until that waiter ran
     verdict: Verdict
-    expected: bool = field(default=False)
+    expected: bool = False  # the verdict this mode should get (BROKEN raw, SAFE ours)
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)

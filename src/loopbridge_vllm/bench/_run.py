@@ -347,7 +347,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = prepare_model(spec)  # also the environment both servers' engines inherit
     stock = None
     if "stock" in modes:
-        stock = StockServer(engine_args(spec, model_dir), out / "stock-server.log")
+        eargs = engine_args(spec, model_dir)
+        stock = StockServer(eargs, out / "stock-server.log")
+        check_stock_argv(stock.argv, eargs)  # before anything starts: same engine, known flags
     load_proc = LoadProcess()
     stack = Stack(spec, threaded)
     try:

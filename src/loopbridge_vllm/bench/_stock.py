@@ -9,7 +9,7 @@ dtype and, on CPU, the same stand-in executor through
 ``--distributed-executor-backend``; the child imports it through
 ``PYTHONPATH``, which ``cpu_engine_env`` sets).
 
-The process gets its own session, so that stopping it also reaches the
+The process leads a process group of its own, so that stopping it also reaches the
 EngineCore it spawned: nothing is left running after :meth:`StockServer.stop`.
 """
 
