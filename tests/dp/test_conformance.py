@@ -1,4 +1,5 @@
-"""Conformance: the real vLLM 0.32 ``DPEngineCoreProc`` against the model.
+"""Conformance: the real vLLM ``DPEngineCoreProc`` against the model
+(0.32.0 against variant ``c``, 0.33.0 against ``c33``).
 
 One real rank is built without ``__init__`` (stub scheduler, executor and DP
 group; the real ``_handle_client_request``, ``add_request``,
@@ -13,21 +14,25 @@ installed).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import queue
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 from typing import Any
 from unittest import mock
 
 import pytest
 import torch
 import torch.distributed
+import vllm
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.engine import EngineCoreRequestType as T
+from vllm.v1.engine import FinishReason
 from vllm.v1.engine.core import DPEngineCoreProc, EngineShutdownState
 
 from loopbridge_vllm.dp import _model as m
@@ -71,6 +76,9 @@ class StubScheduler:
 
     def has_requests(self) -> bool:
         return self.has_unfinished_requests()
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.reqs
 
     def get_kv_connector(self) -> None:
         return None
@@ -116,6 +124,21 @@ def fake_all_reduce(
             tensor += other
 
 
+def _parallel_config() -> Any:
+    """What ``_has_global_unfinished_reqs`` reads: 0.33 calls ``sync_dp_state``
+    on the instance (it reads ``cpu_distributed_timeout``), 0.32 on the class."""
+    from vllm.config import ParallelConfig
+
+    ns = SimpleNamespace(cpu_distributed_timeout=None)
+    raw = inspect.getattr_static(ParallelConfig, "sync_dp_state")
+    ns.sync_dp_state = (
+        ParallelConfig.sync_dp_state
+        if isinstance(raw, staticmethod)
+        else MethodType(ParallelConfig.sync_dp_state, ns)
+    )
+    return ns
+
+
 class RealRank:
     def __init__(self, idx: int, size: int, req_len: int = REQ_LEN) -> None:
         e: Any = object.__new__(DPEngineCoreProc)
@@ -144,8 +167,10 @@ class RealRank:
         e.check_for_draft_tokens = False
         e.async_scheduling = False
         e.enable_fault_tolerance = False
+        e.reject_new_requests = False  # 0.33: admission during abort/wait pauses
         e.vllm_config = SimpleNamespace(
-            observability_config=SimpleNamespace(enable_logging_iteration_details=False)
+            observability_config=SimpleNamespace(enable_logging_iteration_details=False),
+            parallel_config=_parallel_config(),
         )
         self.forwards: list[str] = []
         self.finished: list[str] = []
@@ -184,7 +209,7 @@ class RealRank:
         return out
 
 
-def to_real(msg: m.InMsg) -> tuple[Any, Any]:
+def to_real(msg: m.InMsg, v: m.Variant = m.VARIANTS["c"]) -> tuple[Any, Any]:
     if isinstance(msg, m.Add):
         req = SimpleNamespace(
             request_id=str(msg.req),
@@ -199,7 +224,7 @@ def to_real(msg: m.InMsg) -> tuple[Any, Any]:
         return T.ABORT, [str(msg.req)]
     if isinstance(msg, m.StartDPWave):
         return T.START_DP_WAVE, (msg.wave, msg.exclude)
-    method = {"pause": "pause_scheduler", "resume": "resume_scheduler", "rpc": "collective_rpc"}[
+    method = {"pause": v.pause_method, "resume": "resume_scheduler", "rpc": "collective_rpc"}[
         msg.method
     ]
     args: tuple[Any, ...] = {"pause": (msg.mode, False), "resume": (), "rpc": ("update_weights",)}[
@@ -304,7 +329,13 @@ def real_effects(rr: RealRank, outs: list[tuple[int, Any]]) -> dict[str, Any]:
     to_coord: list[tuple[str, int]] = []
     replies: list[tuple[int, bool]] = []
     aborted: list[int] = []
+    rejected: list[int] = []
     for _client, o in outs:
+        for out in o.outputs or ():
+            if out.finish_reason == FinishReason.ERROR:
+                rejected.append(int(out.request_id))
+            elif out.finish_reason == FinishReason.ABORT and int(out.request_id) not in aborted:
+                aborted.append(int(out.request_id))
         if o.wave_complete is not None:
             to_coord.append(("wave_complete", o.wave_complete))
         elif o.start_wave is not None:
@@ -312,13 +343,15 @@ def real_effects(rr: RealRank, outs: list[tuple[int, Any]]) -> dict[str, Any]:
         elif o.utility_output is not None:
             replies.append((o.utility_output.call_id, o.utility_output.failure_message is None))
         elif o.finished_requests:
-            aborted += [int(x) for x in o.finished_requests]
+            # 0.33 also lists rejected requests here; they are counted above.
+            aborted += [int(x) for x in o.finished_requests if int(x) not in aborted + rejected]
     finished = [int(x) for x in rr.finished]
     rr.finished.clear()
     return dict(
         to_coord=to_coord,
         replies=sorted(replies),
         aborted=sorted(aborted),
+        rejected=sorted(rejected),
         finished=sorted(finished),
     )
 
@@ -330,7 +363,14 @@ def model_effects(eff: m.Effects) -> dict[str, Any]:
     ]
     aborted = sorted(q for q, s in eff.req_done if s == m.ABORTED)
     finished = sorted(q for q, s in eff.req_done if s == m.FINISHED)
-    return dict(to_coord=to_coord, replies=sorted(eff.replies), aborted=aborted, finished=finished)
+    rejected = sorted(q for q, s in eff.req_done if s == m.REJECTED)
+    return dict(
+        to_coord=to_coord,
+        replies=sorted(eff.replies),
+        aborted=aborted,
+        rejected=rejected,
+        finished=finished,
+    )
 
 
 # --- strategies ---------------------------------------------------------------
@@ -375,9 +415,19 @@ def scenarios(
     return size, idx, events
 
 
+def fake_cpu_all_reduce(tensor: torch.Tensor, group: Any, timeout: Any = None) -> torch.Tensor:
+    fake_all_reduce(tensor, group=group)
+    return tensor
+
+
 @contextmanager
 def patched_collectives() -> Iterator[None]:
-    with mock.patch.object(torch.distributed, "all_reduce", fake_all_reduce):
+    import vllm.config.parallel as parallel
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(torch.distributed, "all_reduce", fake_all_reduce))
+        if hasattr(parallel, "cpu_all_reduce_"):  # 0.33's finish sync
+            stack.enter_context(mock.patch.object(parallel, "cpu_all_reduce_", fake_cpu_all_reduce))
         yield
 
 
@@ -404,7 +454,7 @@ def replay(
         r, eff, coll, model_used = model_iteration(v, idx, r, numbered, model_peers)
         rr.forwards.clear()
         rr.e.dp_group.calls.clear()
-        rr.iterate([to_real(x) for x in numbered], real_peers)
+        rr.iterate([to_real(x, v) for x in numbered], real_peers)
         real_used = len(real_peers) - len(rr.e.dp_group.peers)
         real_coll = []
         calls = iter(rr.e.dp_group.calls)
@@ -483,14 +533,23 @@ def pinned(test: Any) -> Any:
     return test
 
 
+#: The model variant the installed vLLM must match, unfiltered.
+PLAIN = "c33" if vllm.__version__.startswith("0.33.") else "c"
+on_032 = pytest.mark.skipif(
+    PLAIN != "c", reason="the filter installs on 0.32 only (it refuses other versions)"
+)
+
+
 @SETTINGS
 @given(scenarios())
 @pinned
-def test_real_032_matches_variant_c(s: Any) -> None:
+def test_real_matches_its_variant(s: Any) -> None:
+    """0.32.0 against variant c, 0.33.0 against variant c33."""
     with patched_collectives():
-        replay("c", *s)
+        replay(PLAIN, *s)
 
 
+@on_032
 @SETTINGS
 @given(scenarios())
 @pinned
@@ -504,6 +563,7 @@ def test_real_032_with_filter_matches_variant_e(s: Any) -> None:
     assert not _patch.is_installed()
 
 
+@on_032
 def test_filter_installs_into_the_real_class() -> None:
     original = DPEngineCoreProc.__dict__["_handle_client_request"]
     assert _patch.install_filter() and _patch.install_filter()  # idempotent
@@ -518,6 +578,6 @@ def test_filter_installs_into_the_real_class() -> None:
 def test_filter_is_a_noop_on_other_versions() -> None:
     with mock.patch("vllm.__version__", "0.33.0"):
         ok, why = _patch.installed_version_supported()
-        assert not ok and "0.33.0" in why
+        assert not ok and "vLLM 0.33.0 is not supported" in why
         assert _patch.install_filter() is False
     assert not _patch.is_installed()

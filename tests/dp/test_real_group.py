@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 from dp_group_driver import CYCLES, HANG_S, STEP_S, mixtral_model
 from entry_points import expose
+from test_conformance import on_032
 
 from loopbridge_vllm.cpu_engine import build_tiny_model
 from loopbridge_vllm.dp._plugin import ENV
@@ -49,7 +50,11 @@ NO_PROGRESS_S = STEP_S + HANG_S + 30
 
 # The module's own bounds (START_S, NO_PROGRESS_S) end a stuck run first; this
 # outer one only has to be larger than their sum.
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(START_S + 2 * NO_PROGRESS_S + 120)]
+pytestmark = [
+    pytest.mark.vllm,
+    on_032,
+    pytest.mark.timeout(START_S + 2 * NO_PROGRESS_S + 120),
+]
 
 
 @dataclass

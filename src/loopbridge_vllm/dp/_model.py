@@ -131,6 +131,18 @@ VARIANTS: dict[str, Variant] = {
             "barrier",
             filtered=True,
         ),
+        # Checked in the model only: install_filter() refuses 0.33 (see _patch).
+        Variant(
+            "e33",
+            "vLLM 0.33.0 + pause-aware filter (model only)",
+            False,
+            "latch",
+            False,
+            "v033",
+            True,
+            "barrier",
+            filtered=True,
+        ),
     )
 }
 
