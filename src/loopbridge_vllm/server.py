@@ -413,7 +413,11 @@ class OpenAIServer:
             await asyncio.sleep(self._watchdog_interval)
             # Only reads that need no owner loop: a blocked owner must not hide
             # a dead engine, and a dead owner must be seen without its help.
-            if owner is not None and (owner.is_closed() or not owner.is_running()):
+            # Owner first: a closing owner loop also cancels the engine's output
+            # handler, and the cause, not the symptom, is the exit reason.
+            if owner is not None and owner.is_closed():
+                stopped_ticks = _OWNER_STOPPED_TICKS
+            elif owner is not None and not owner.is_running():
                 stopped_ticks += 1
             else:
                 stopped_ticks = 0

@@ -58,6 +58,8 @@ def stats_server(tiny_model: Path) -> Iterator[OpenAIServer]:
     """An engine that records vLLM's own statistics, as `vllm serve` does by default."""
     owner, llm = start_engine(tiny_model, "stats-owner", disable_log_stats=False)
     try:
+        # Slow steps keep streams open long enough for scrapes to see them.
+        owner.run(lambda: llm.collective_rpc("standin_set_step_s", args=(0.01,)))
         server = start_openai_server(llm, grace=1.0)
         yield server
         server.stop()

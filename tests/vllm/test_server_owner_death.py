@@ -1,16 +1,21 @@
 """The owner loop stops mid-stream: the server stops, clients get errors, the EngineCore drains.
 
-The owner loop here is stopped with ``loop.stop()`` while streams are running,
-and is not cleaned up: its tasks stay suspended, as after an owner that returned
-from ``run_forever`` and moved on. Requests are long (the stand-in engine is
-slowed), so a request still counted by the EngineCore after the stop was not
-aborted. The loop is run again afterwards only to ask the EngineCore how many
-requests it still runs.
+In the first test the owner loop is stopped with ``loop.stop()`` while streams
+are running, and is not cleaned up: its tasks stay suspended, as after an owner
+that returned from ``run_forever`` and moved on. Requests are long (the
+stand-in engine is slowed), so a request still counted by the EngineCore after
+the stop was not aborted. The loop is run again afterwards only to ask the
+EngineCore how many requests it still runs.
+
+In the second the owner is a ``LoopThread`` that is stopped, so its loop is
+cleaned up and closed: the EngineCore cannot be asked anything after that, so
+the test counts the aborts vLLM sends it, which must cover every request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 from collections.abc import Iterator
@@ -19,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from vllm_engines import start_engine
 
 from loopbridge_vllm import engine_client_proxy, shutdown_engine, start_openai_server
 from loopbridge_vllm.server import ExitReason
@@ -143,28 +149,32 @@ async def _stream(url: str, started: threading.Semaphore) -> str:
     return "cut"
 
 
+def _start_streams(url: str, outcomes: list[str]) -> threading.Thread:
+    """STREAMS streamed requests on a client thread; returns once each got a chunk."""
+    started = threading.Semaphore(0)
+
+    def clients() -> None:
+        async def main() -> None:
+            outcomes.extend(await asyncio.gather(*(_stream(url, started) for _ in range(STREAMS))))
+
+        asyncio.run(main())
+
+    load = threading.Thread(target=clients, name="stream-clients")
+    load.start()
+    for _ in range(STREAMS):
+        assert started.acquire(timeout=BOUND_S * 4)
+    return load
+
+
 def test_owner_stop_mid_stream_stops_server_and_drains_engine(
     resumable_engine: tuple[ResumableOwner, Any],
 ) -> None:
     owner, llm = resumable_engine
     owner.run(llm.collective_rpc("standin_set_step_s", args=(STEP_S,)))
     server = start_openai_server(engine_client_proxy(llm), grace=1.0)
-    started = threading.Semaphore(0)
     outcomes: list[str] = []
-
-    def clients() -> None:
-        async def main() -> None:
-            outcomes.extend(
-                await asyncio.gather(*(_stream(server.url, started) for _ in range(STREAMS)))
-            )
-
-        asyncio.run(main())
-
-    load = threading.Thread(target=clients, name="stream-clients")
-    load.start()
+    load = _start_streams(server.url, outcomes)
     try:
-        for _ in range(STREAMS):
-            assert started.acquire(timeout=BOUND_S * 4)
         assert owner.run(_core_active(llm)) == STREAMS  # every request reached the EngineCore
         owner.stop()
 
@@ -181,3 +191,43 @@ def test_owner_stop_mid_stream_stops_server_and_drains_engine(
     owner.resume()
     assert owner.run(_core_drained(llm)) == 0
     owner.run(llm.collective_rpc("standin_set_step_s", args=(0.0,)))
+
+
+def test_owner_close_mid_stream_stops_server_and_aborts_every_request(tiny_model: Path) -> None:
+    owner, llm = start_engine(tiny_model, "closing-owner")
+    aborts: collections.Counter[str] = collections.Counter()
+    original = type(llm).abort
+
+    async def abort(request_id: Any, internal: bool = False) -> None:
+        await original(llm, request_id, internal=internal)
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            aborts[rid] += 1  # counted once vLLM has sent it to the EngineCore
+
+    llm.abort = abort
+    server = None
+    try:
+        owner.run(lambda: llm.collective_rpc("standin_set_step_s", args=(STEP_S,)))
+        server = start_openai_server(engine_client_proxy(llm), grace=1.0)
+        outcomes: list[str] = []
+        load = _start_streams(server.url, outcomes)
+        running = owner.run(lambda: _running_ids(llm))
+        assert len(running) == STREAMS
+        owner.stop(30)  # cancels the loop's tasks, then closes it
+
+        server.thread.join(BOUND_S)
+        assert not server.thread.is_alive(), "server still up after its owner loop closed"
+        load.join(BOUND_S)
+        assert not load.is_alive()
+        assert sorted(outcomes) and set(outcomes) <= {"error", "cut"}, outcomes
+        assert all(aborts[rid] == 1 for rid in running), (running, aborts)
+    finally:
+        if server is not None:
+            server.stop(10)
+        del llm.abort
+        shutdown_engine(llm)
+        owner.stop(30)
+
+
+async def _running_ids(llm: Any) -> list[str]:
+    # On the owner loop: the output processor's requests (internal ids).
+    return list(llm.output_processor.request_states)
