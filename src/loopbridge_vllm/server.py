@@ -34,7 +34,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop
-from loopbridge_vllm._compat.moved_imports import make_arg_parser, openai_app_builders
+from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
