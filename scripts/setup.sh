@@ -42,7 +42,7 @@ step() { echo "setup: $*"; }
 pip_quiet() {
     local rc=0
     echo "+ pip $*" >>"$log"
-    "$VPY" -m pip --no-color --progress-bar off "$@" >>"$log.step" 2>&1 || rc=$?
+    PIP_PROGRESS_BAR=off "$VPY" -m pip --no-color "$@" >>"$log.step" 2>&1 || rc=$?
     cat "$log.step" >>"$log"
     grep -v \
         -e "^ERROR: pip's dependency resolver does not currently take into account" \
