@@ -7,7 +7,8 @@ Read statically from the source, so it runs without any optional package:
   dependency, and every runtime dependency is such an import;
 - every other third-party import of the core (lazy, guarded, or in a module the
   package does not import itself, such as an integration) is in an extra, or is
-  the tool that loads a plugin module;
+  the tool that loads a plugin module; imports under ``TYPE_CHECKING`` never run
+  and are not counted;
 - the adapter imports only vLLM, what the pinned vLLM lists install, or extras;
 - every package an extra names is imported somewhere, and no extra pins vLLM.
 """
@@ -64,13 +65,19 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _for_type_checkers_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
 def _conditional(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    # Inside a function, `if TYPE_CHECKING:` or `try: ... except ImportError`.
+    # Inside a function or `try: ... except ImportError`.
     while node in parents:
         node = parents[node]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return True
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             return True
         if isinstance(node, ast.Try) and any(
             isinstance(h.type, ast.Name) and h.type.id in {"ImportError", "ModuleNotFoundError"}
@@ -98,6 +105,8 @@ def imports_of(package: str) -> Iterator[Import]:
                 else:
                     stem = node.module or ""
                 targets = [stem] + [f"{stem}.{alias.name}" for alias in node.names]
+            if targets and _for_type_checkers_only(node, parents):
+                continue  # never runs
             for target in targets:
                 yield Import(name, target, not _conditional(node, parents))
 
