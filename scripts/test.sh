@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up .venv (CPU torch, real vLLM 0.32.0, loopbridge) and run the whole test suite.
+# Set up the venv (CPU torch, real vLLM, loopbridge) and run the test suite; arguments
+# go to pytest. LOOPBRIDGE_VLLM=<release> selects a vLLM release other than the newest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest "$@"
+venv=$(bash scripts/setup.sh --venv-path)
+exec "$venv/bin/python" -m pytest "$@"

@@ -23,7 +23,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes
 
-from loopbridge_vllm._compat.changed_signatures import WorkerCalls
+from loopbridge_vllm._vllm_releases.changed_signatures import WorkerCalls
 
 _T = TypeVar("_T")
 

@@ -155,13 +155,40 @@ def _source_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
+# torch modules that warn on every import on a CPU machine: torch 2.14 (vLLM 0.33)
+# about its own deprecated internals that vLLM calls, and that no CUDA runtime is
+# found. Nothing a user can act on; errors from these modules still show.
+_NOISY_TORCH_MODULES = (
+    "torch._opaque_base",
+    "torch._library.opaque_object",
+    "torch.utils.cpp_extension",
+)
+
+
+def _quiet_torch_logs() -> str:
+    # TORCH_LOGS value lowering those modules to errors. torch refuses to import
+    # when TORCH_LOGS names a module it does not have, so only existing ones are
+    # named, found on disk without importing torch (which reads TORCH_LOGS once).
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return ""
+    root = Path(spec.origin).parent.parent
+    present = [
+        name for name in _NOISY_TORCH_MODULES if (root / (name.replace(".", "/") + ".py")).is_file()
+    ]
+    return ",".join("-" + name for name in present)
+
+
 def cpu_engine_env(cache_root: str | os.PathLike[str] | None = None) -> dict[str, str]:
     """Set (and return) the environment for a CPU-only vLLM engine.
 
     Must run before vLLM resolves its platform, i.e. before the first engine
     is built. ``VLLM_CACHE_ROOT`` goes to ``cache_root`` (default: a temporary
     directory), ``VLLM_RPC_BASE_PATH`` to a fresh temporary directory so that
-    IPC socket files do not pile up in ``/tmp``. The directory holding this
+    IPC socket files do not pile up in ``/tmp``. Unless ``TORCH_LOGS`` is set,
+    torch's import-time warnings that do not apply on CPU are lowered to errors. The directory holding this
     package is added to ``PYTHONPATH`` so that the spawned EngineCore can
     import the stand-in executor even when the package is not installed.
     Existing values of ``VLLM_CACHE_ROOT`` and ``VLLM_RPC_BASE_PATH`` win.
@@ -190,6 +217,10 @@ def cpu_engine_env(cache_root: str | os.PathLike[str] | None = None) -> dict[str
         os.environ["PYTHONPATH"] = os.pathsep.join([src, *paths])
     if src not in sys.path:
         sys.path.insert(0, src)
+    quiet = _quiet_torch_logs()
+    if quiet and "TORCH_LOGS" not in os.environ:
+        os.environ["TORCH_LOGS"] = quiet
+        env["TORCH_LOGS"] = quiet
     env["VLLM_CACHE_ROOT"] = os.environ["VLLM_CACHE_ROOT"]
     env["VLLM_RPC_BASE_PATH"] = os.environ["VLLM_RPC_BASE_PATH"]
     env["PYTHONPATH"] = os.environ["PYTHONPATH"]

@@ -38,7 +38,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, LoopThread, owner_loop, unwrap
-from loopbridge_vllm._compat.moved_imports import make_arg_parser, openai_app_builders
+from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
 from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from ._exporter import export_metrics

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from loopbridge_vllm._compat import import_piece
+from loopbridge_vllm._vllm_releases import import_piece
 
 __all__ = ["make_arg_parser", "openai_app_builders"]
 

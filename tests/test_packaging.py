@@ -1,0 +1,237 @@
+"""Declared dependencies are exactly what the code imports.
+
+Read statically from the source, so it runs without any optional package:
+
+- every third-party module that ``import loopbridge`` imports unconditionally
+  (following the package's own imports from ``__init__``) is a runtime
+  dependency, and every runtime dependency is such an import;
+- every other third-party import of the core (lazy, guarded, or in a module the
+  package does not import itself, such as an integration) is in an extra, or is
+  the tool that loads a plugin module; imports under ``TYPE_CHECKING`` never run
+  and are not counted;
+- the adapter imports only vLLM, what the pinned vLLM lists install, or extras;
+- every package an extra names is imported somewhere, and no extra pins vLLM.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # tomllib is in the standard library from 3.11
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = REPO / "src"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+# Import name -> distribution name where they differ.
+DISTRIBUTION = {"yaml": "pyyaml", "zmq": "pyzmq", "PIL": "pillow", "cpuinfo": "py-cpuinfo"}
+# Plugin modules are loaded by the tool they extend, which is then installed.
+PLUGIN_HOSTS = {"loopbridge.mypy_plugin": "mypy", "loopbridge.pytest_plugin": "pytest"}
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_name(requirement: str) -> str:
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    assert match, requirement
+    return normalize(match.group(1))
+
+
+def distribution_of(module: str) -> str:
+    top = module.split(".")[0]
+    return normalize(DISTRIBUTION.get(top, top))
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module doing the import
+    module: str  # absolute dotted module imported
+    unconditional: bool  # runs whenever the importer is imported
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _for_type_checkers_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def _conditional(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    # Inside a function or `try: ... except ImportError`.
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return True
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in {"ImportError", "ModuleNotFoundError"}
+            for h in node.handlers
+        ):
+            return True
+    return False
+
+
+def imports_of(package: str) -> Iterator[Import]:
+    for path in sorted((SRC / package).rglob("*.py")):
+        name = _module_name(path)
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(), str(path))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".")
+                    base = base[: len(base) - node.level + (1 if is_package else 0)]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                targets = [stem] + [f"{stem}.{alias.name}" for alias in node.names]
+            if targets and _for_type_checkers_only(node, parents):
+                continue  # never runs
+            for target in targets:
+                yield Import(name, target, not _conditional(node, parents))
+
+
+def third_party(module: str) -> bool:
+    top = module.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in {"loopbridge", "loopbridge_vllm"}
+
+
+def reachable_from_package_import() -> set[str]:
+    """Core modules that ``import loopbridge`` itself imports (transitively)."""
+    edges: dict[str, set[str]] = {}
+    modules = {_module_name(p) for p in (SRC / "loopbridge").rglob("*.py")}
+    for imp in imports_of("loopbridge"):
+        if imp.unconditional and imp.module in modules:
+            edges.setdefault(imp.importer, set()).add(imp.module)
+    seen = {"loopbridge"}
+    todo = ["loopbridge"]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            # importing a.b.c imports the packages a and a.b first
+            chain = [".".join(nxt.split(".")[:i]) for i in range(1, nxt.count(".") + 2)]
+            for mod in chain:
+                if mod in modules and mod not in seen:
+                    seen.add(mod)
+                    todo.append(mod)
+    return seen
+
+
+def extras() -> dict[str, set[str]]:
+    declared = PYPROJECT["project"].get("optional-dependencies", {})
+    return {extra: {requirement_name(r) for r in reqs} for extra, reqs in declared.items()}
+
+
+def runtime_dependencies() -> set[str]:
+    return {requirement_name(r) for r in PYPROJECT["project"].get("dependencies", [])}
+
+
+def core_imports() -> tuple[set[str], set[tuple[str, str]]]:
+    """(runtime imports as distributions, optional (importer, distribution) pairs)."""
+    loaded = reachable_from_package_import()
+    runtime: set[str] = set()
+    optional: set[tuple[str, str]] = set()
+    for imp in imports_of("loopbridge"):
+        if not third_party(imp.module):
+            continue
+        if imp.unconditional and imp.importer in loaded:
+            runtime.add(distribution_of(imp.module))
+        else:
+            optional.add((imp.importer, distribution_of(imp.module)))
+    return runtime, optional
+
+
+def vllm_install() -> set[str]:
+    """Distributions the pinned vLLM CPU lists install (vLLM's own dependencies)."""
+    names: set[str] = set()
+    for path in (REPO / "requirements").glob("vllm-*.txt"):
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                names.add(requirement_name(line))
+    return names
+
+
+def test_runtime_dependencies_are_exactly_the_unconditional_imports() -> None:
+    runtime, _ = core_imports()
+    declared = runtime_dependencies()
+    assert runtime - declared == set(), "imported by `import loopbridge` but not declared"
+    assert declared - runtime == set(), "declared but not imported by `import loopbridge`"
+
+
+def test_optional_core_imports_are_in_an_extra() -> None:
+    _, optional = core_imports()
+    in_extras = set().union(*extras().values())
+    missing = {
+        (importer, dist)
+        for importer, dist in optional
+        if dist not in in_extras and PLUGIN_HOSTS.get(importer) != dist
+    }
+    assert missing == set(), "optional imports no extra provides"
+
+
+def test_adapter_imports_come_with_vllm_or_an_extra() -> None:
+    provided = vllm_install() | set().union(*extras().values()) | {"vllm"}
+    missing = {
+        (imp.importer, distribution_of(imp.module))
+        for imp in imports_of("loopbridge_vllm")
+        if third_party(imp.module) and distribution_of(imp.module) not in provided
+    }
+    assert missing == set()
+
+
+def test_every_extra_requirement_is_imported() -> None:
+    imported = {
+        distribution_of(imp.module)
+        for package in ("loopbridge", "loopbridge_vllm")
+        for imp in imports_of(package)
+        if third_party(imp.module)
+    }
+    unused = {(extra, name) for extra, names in extras().items() for name in names - imported}
+    assert unused == set()
+
+
+def test_no_extra_pins_vllm_and_tools_live_in_groups() -> None:
+    assert all("vllm" not in names for names in extras().values())
+    groups = PYPROJECT.get("dependency-groups", {})
+    tools = {requirement_name(r) for reqs in groups.values() for r in reqs if isinstance(r, str)}
+    assert {"pytest", "ray", "ruff"} <= tools
+    assert not {"pytest", "ray", "ruff", "mypy"} & set().union(*extras().values())
+
+
+def test_licence_metadata_follows_pep_639() -> None:
+    project = PYPROJECT["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
+def test_the_scan_sees_what_it_must() -> None:
+    # The rules above mean something only if the scan finds these known imports.
+    _, optional = core_imports()
+    assert ("loopbridge._trio", "sniffio") in optional
+    assert ("loopbridge.pytest_plugin", "pytest") in optional
+    assert "loopbridge._proxy" in reachable_from_package_import()
+    assert any(
+        imp.module.startswith("vllm.") and imp.unconditional
+        for imp in imports_of("loopbridge_vllm")
+    )
