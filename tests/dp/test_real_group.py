@@ -124,7 +124,7 @@ def _watch(runs: list[GroupRun]) -> None:
 @pytest.fixture(scope="module")
 def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, GroupRun]]:
     tmp = tmp_path_factory.mktemp("dp-group")
-    expose(tmp / "plugins", {"loopbridge_dp_probe": "dp_probe_plugin:load"})
+    plugins = expose(tmp / "plugins", {"loopbridge_dp_probe": "dp_probe_plugin:load"})
     model = mixtral_model(build_tiny_model(REPO / ".cache" / "tiny-model"), tmp / "mixtral")
     plan = {
         "filtered": (True, ["finding1", "dup_resume", "refit"]),
@@ -145,7 +145,8 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Group
         for name, (filtered, scenarios) in plan.items():
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(
-                [str(HERE), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+                [str(plugins), str(HERE)]
+                + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
             )
             env.pop(ENV, None)
             if filtered:
