@@ -33,6 +33,8 @@ HANG_S = float(os.environ.get("LOOPBRIDGE_DP_HANG_S", "25"))
 #: Bound for each step that must complete (pause, resume, a probe).
 STEP_S = float(os.environ.get("LOOPBRIDGE_DP_STEP_S", "90"))
 CYCLES = 5
+#: How long finding 1's gate waits for the wave start (0.32: milliseconds).
+GATE_S = 15.0
 
 _T = TypeVar("_T")
 
@@ -80,19 +82,29 @@ class Driver:
 
     @staticmethod
     async def finish(collector: Any) -> str:
-        """The finish reason of a sent request (``length`` or ``abort``)."""
+        """The finish reason of a sent request: ``length``, ``abort``, or
+        ``engine_paused`` (0.33 rejects new requests during abort/wait pauses
+        with this retryable error)."""
         while True:
-            out = await collector.get()
+            try:
+                out = await collector.get()
+            except Exception as e:
+                if "engine_paused" in repr(e) or "paused" in str(e).lower():
+                    return "engine_paused"
+                raise
             if out.finished:
                 return str(out.outputs[0].finish_reason)
 
     async def generate(self, rank: int, max_tokens: int = 4) -> str:
         return await self.finish(await self.send(rank, max_tokens))
 
-    async def gate(self, rank: int, kind: str) -> asyncio.Task[Any]:
-        """Hold ``rank``'s busy loop until a ``kind`` message is queued there."""
+    async def gate(self, rank: int, kind: str, timeout: float = STEP_S) -> asyncio.Task[Any]:
+        """Hold ``rank``'s busy loop until a ``kind`` message is queued there
+        (the task's result says whether one came within ``timeout``)."""
         started = Path(tempfile.mkdtemp(prefix="gate-")) / "started"
-        task = asyncio.ensure_future(self.util(rank, "loopbridge_gate", kind, STEP_S, str(started)))
+        task = asyncio.ensure_future(
+            self.util(rank, "loopbridge_gate", kind, timeout, str(started))
+        )
         deadline = time.monotonic() + STEP_S
         while not started.exists():  # poll with a deadline: the gate is in place
             if time.monotonic() > deadline or task.done():
@@ -115,15 +127,27 @@ class Driver:
         done, _ = await asyncio.wait({task}, timeout=HANG_S)
         return task.result() if done else None
 
+    def report(self, scenario: str, reason: str | None, **data: Any) -> None:
+        """Emit a race's result; stop if its request is stuck (the group is
+        wedged in a gloo collective: the parent kills it)."""
+        self.emit("result", scenario=scenario, finished=reason is not None, reason=reason, **data)
+        if reason is None:
+            raise SystemExit(0)
+
     # --- scenarios -------------------------------------------------------
 
     async def finding1(self) -> None:
         """Resume reaches rank 0; a request to rank 0 while the client sees the
         engines idle makes the stats task send FIRST_REQ; its START_DP_WAVE
-        reaches rank 1 (still latched from the pause) before rank 1's resume."""
+        reaches rank 1 (still latched from the pause) before rank 1's resume.
+
+        On 0.33 only engines start waves: rank 0 handles the request after the
+        resume barrier, i.e. after rank 1's resume, so no wave start can reach
+        rank 1 first; the gate then gives up after ``GATE_S`` and the scenario
+        shows that the request finishes."""
         await self.warm_up()
         await self.pause_all("keep")
-        gate = await self.gate(1, "START_DP_WAVE")
+        gate = await self.gate(1, "START_DP_WAVE", GATE_S)
         resume0 = asyncio.ensure_future(self.util(0, "resume_scheduler"))
         request = asyncio.ensure_future(self.generate(0))
         gated = await self.bounded("START_DP_WAVE queued on r1", gate)
@@ -131,16 +155,7 @@ class Driver:
         await self.bounded("resume both", asyncio.gather(resume0, resume1))
         reason = await self.wait_request(request)
         r1 = await self.probe(1)
-        self.emit(
-            "result",
-            scenario="finding1",
-            gated=gated,
-            finished=reason is not None,
-            reason=reason,
-            rank1=r1,
-        )
-        if reason is None:
-            raise SystemExit(0)  # the group is wedged; the parent kills it
+        self.report("finding1", reason, gated=gated, rank1=r1)
 
     async def dup_resume(self) -> None:
         """A duplicate resume reaches idle rank 1 before the wave start of a
@@ -154,17 +169,13 @@ class Driver:
         reason = await self.wait_request(request)
         replies = await asyncio.wait({dup0, dup1}, timeout=HANG_S)
         errors = [repr(t.exception()) for t in replies[0] if t.exception() is not None]
-        self.emit(
-            "result",
-            scenario="dup_resume",
+        self.report(
+            "dup_resume",
+            reason,
             gated=gated,
-            finished=reason is not None,
-            reason=reason,
             resumes_answered=len(replies[0]),
             resume_errors=errors,
         )
-        if reason is None:
-            raise SystemExit(0)
 
     async def refit(self) -> None:
         """CYCLES x (pause keep/abort/wait, collective_rpc, resume) under load."""

@@ -4,15 +4,13 @@ A clean install (``pip install -e .`` from this checkout) already registers it.
 An environment whose editable install predates the entry point does not, so
 the tests write a ``.dist-info`` holding exactly the table that
 ``pyproject.toml`` declares (plus any test-only entry points) into a folder
-that they put on ``sys.path`` and ``PYTHONPATH``; vLLM's plugin loader, in
-every process, then finds it through ``importlib.metadata`` as it would an
-installed package's.
+that they put on the ``PYTHONPATH`` of the processes they start; vLLM's
+plugin loader, in each of those processes, then finds it through
+``importlib.metadata`` as it would an installed package's.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -33,16 +31,16 @@ def registered() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUP)}
 
 
-def expose(folder: Path, extra: dict[str, str] | None = None) -> Path | None:
-    """Register what ``pyproject.toml`` declares (if missing) and ``extra``.
+def expose(folder: Path, extra: dict[str, str] | None = None) -> Path:
+    """Write a ``.dist-info`` with what ``pyproject.toml`` declares (if the
+    environment lacks it) and ``extra`` into ``folder``.
 
-    Returns the folder added to the import path, or None when nothing needed
-    adding.
+    Returns ``folder``, to be put on the ``PYTHONPATH`` of the processes that
+    should see these entry points (only those: the test process itself is
+    left alone).
     """
     wanted = {k: v for k, v in declared().items() if registered().get(k) != v}
     wanted.update(extra or {})
-    if not wanted:
-        return None
     info = folder / "loopbridge_test_plugins-0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text(
@@ -50,10 +48,4 @@ def expose(folder: Path, extra: dict[str, str] | None = None) -> Path | None:
     )
     lines = [f"[{GROUP}]"] + [f"{k} = {v}" for k, v in wanted.items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-    path = str(folder)
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if path not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([path, *parts])
     return folder

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed
 import vllm.config.parallel as parallel
-from test_conformance import PLAIN, RealRank, on_032, project_model, project_real, to_real
+from test_conformance import FILTERED, PLAIN, RealRank, project_model, project_real, to_real
 
 from loopbridge_vllm.dp import VARIANTS, Config, Violation, check
 from loopbridge_vllm.dp import _model as m
@@ -186,15 +186,14 @@ def test_real_reproduces_counterexample(bounds: dict[str, Any], kind: str) -> No
     assert len(set(ends)) > 1  # the ranks are split: not all in one collective
 
 
-@on_032
 @pytest.mark.parametrize("targets", [((0,),), ((0,), (1,))], ids=["one-server", "sequential"])
-def test_real_032_with_filter_still_hangs_on_a_subset_pause(targets: Any) -> None:
+def test_real_with_filter_still_hangs_on_a_subset_pause(targets: Any) -> None:
     """The filter cannot help: the paused rank is kicked into a dummy forward
     by vLLM's own two-phase pause, and the rank that got no pause has no
     message to hold or release that would wake it."""
     from loopbridge_vllm.dp import _patch
 
-    cfg = Config(VARIANTS["e"], prompt_first_req=True, pause_targets=targets)
+    cfg = Config(VARIANTS[FILTERED], prompt_first_req=True, pause_targets=targets)
     v = check(cfg, heal_check=False).violations["hang"]
     assert _patch.install_filter()
     try:

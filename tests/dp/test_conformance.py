@@ -1,5 +1,6 @@
 """Conformance: the real vLLM ``DPEngineCoreProc`` against the model
-(0.32.0 against variant ``c``, 0.33.0 against ``c33``).
+(0.32.0 against variants ``c`` and, filtered, ``e``; 0.33.0 against ``c33``
+and ``e33``).
 
 One real rank is built without ``__init__`` (stub scheduler, executor and DP
 group; the real ``_handle_client_request``, ``add_request``,
@@ -533,11 +534,8 @@ def pinned(test: Any) -> Any:
     return test
 
 
-#: The model variant the installed vLLM must match, unfiltered.
-PLAIN = "c33" if vllm.__version__.startswith("0.33.") else "c"
-on_032 = pytest.mark.skipif(
-    PLAIN != "c", reason="the filter installs on 0.32 only (it refuses other versions)"
-)
+#: The model variants the installed vLLM must match, without and with the filter.
+PLAIN, FILTERED = ("c33", "e33") if vllm.__version__.startswith("0.33.") else ("c", "e")
 
 
 @SETTINGS
@@ -549,21 +547,20 @@ def test_real_matches_its_variant(s: Any) -> None:
         replay(PLAIN, *s)
 
 
-@on_032
 @SETTINGS
 @given(scenarios())
 @pinned
-def test_real_032_with_filter_matches_variant_e(s: Any) -> None:
+def test_real_with_filter_matches_its_variant(s: Any) -> None:
+    """The filtered real rank: 0.32.0 against variant e, 0.33.0 against e33."""
     assert _patch.install_filter()
     try:
         with patched_collectives():
-            replay("e", *s)
+            replay(FILTERED, *s)
     finally:
         _patch.uninstall_filter()
     assert not _patch.is_installed()
 
 
-@on_032
 def test_filter_installs_into_the_real_class() -> None:
     original = DPEngineCoreProc.__dict__["_handle_client_request"]
     assert _patch.install_filter() and _patch.install_filter()  # idempotent
@@ -576,8 +573,8 @@ def test_filter_installs_into_the_real_class() -> None:
 
 
 def test_filter_is_a_noop_on_other_versions() -> None:
-    with mock.patch("vllm.__version__", "0.33.0"):
+    with mock.patch("vllm.__version__", "0.34.0"):
         ok, why = _patch.installed_version_supported()
-        assert not ok and "vLLM 0.33.0 is not supported" in why
+        assert not ok and "vLLM 0.34.0 is not supported (checked: 0.32.x, 0.33.x)" in why
         assert _patch.install_filter() is False
     assert not _patch.is_installed()

@@ -5,9 +5,10 @@ own process session (two ``DPEngineCoreProc`` engine cores, the DP
 coordinator and a gloo DP group behind a real ``AsyncLLM``, on the stand-in
 executor, with a 2-expert Mixtral config so that vLLM uses its MoE DP path):
 
-* ``plain-finding1`` and ``plain-dup-resume``: stock vLLM (plugin not opted
-  in), each forced into one race; both are expected to wedge, so each gets a
-  group of its own;
+* ``plain-finding1`` and ``plain-dup-resume``: stock vLLM 0.32 (plugin not
+  opted in), each forced into one race; both are expected to wedge, so each
+  gets a group of its own (on 0.33 one ``plain`` group runs both: finding 1
+  cannot be forced there and its request finishes);
 * ``filtered``: ``LOOPBRIDGE_DP_FILTER=1``, so the package's
   ``vllm.general_plugins`` entry point installs the filter in both engine
   cores; the same two races, then refit cycles under load.
@@ -38,7 +39,7 @@ from typing import Any
 import pytest
 from dp_group_driver import CYCLES, HANG_S, STEP_S, mixtral_model
 from entry_points import expose
-from test_conformance import on_032
+from test_conformance import PLAIN
 
 from loopbridge_vllm.cpu_engine import build_tiny_model
 from loopbridge_vllm.dp._plugin import ENV
@@ -50,11 +51,10 @@ NO_PROGRESS_S = STEP_S + HANG_S + 30
 
 # The module's own bounds (START_S, NO_PROGRESS_S) end a stuck run first; this
 # outer one only has to be larger than their sum.
-pytestmark = [
-    pytest.mark.vllm,
-    on_032,
-    pytest.mark.timeout(START_S + 2 * NO_PROGRESS_S + 120),
-]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(START_S + 2 * NO_PROGRESS_S + 120)]
+#: 0.33.0 admits no FIRST_REQ race and rejects requests sent during abort/wait
+#: pauses (retryable ``engine_paused``); 0.32.0 queues them.
+ON_033 = PLAIN == "c33"
 
 
 @dataclass
@@ -124,19 +124,29 @@ def _watch(runs: list[GroupRun]) -> None:
 @pytest.fixture(scope="module")
 def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, GroupRun]]:
     tmp = tmp_path_factory.mktemp("dp-group")
-    expose(tmp / "plugins", {"loopbridge_dp_probe": "dp_probe_plugin:load"})
+    plugins = expose(tmp / "plugins", {"loopbridge_dp_probe": "dp_probe_plugin:load"})
     model = mixtral_model(build_tiny_model(REPO / ".cache" / "tiny-model"), tmp / "mixtral")
     plan = {
-        "plain-finding1": (False, ["finding1"]),
-        "plain-dup-resume": (False, ["dup_resume"]),
         "filtered": (True, ["finding1", "dup_resume", "refit"]),
+        # On 0.32 both races wedge stock vLLM, so each needs its own group; on
+        # 0.33 finding 1 cannot be forced and the request finishes, so one
+        # group runs it before the duplicate resume.
+        **(
+            {"plain": (False, ["finding1", "dup_resume"])}
+            if ON_033
+            else {
+                "plain-finding1": (False, ["finding1"]),
+                "plain-dup-resume": (False, ["dup_resume"]),
+            }
+        ),
     }
     runs: dict[str, GroupRun] = {}
     try:
         for name, (filtered, scenarios) in plan.items():
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(
-                [str(HERE), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+                [str(plugins), str(HERE)]
+                + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
             )
             env.pop(ENV, None)
             if filtered:
@@ -176,17 +186,28 @@ def _result(run: GroupRun, scenario: str) -> dict[str, Any]:
 def test_plugin_installs_the_filter_in_every_engine_core(groups: dict[str, GroupRun]) -> None:
     filtered = groups["filtered"]
     log = filtered.log()
+    import vllm
+
     for pid in filtered.up()["engine_pids"]:
-        assert f"loopbridge_dp_filter: installed (pid {pid}) for vLLM 0.32." in log
-    for name in ("plain-finding1", "plain-dup-resume"):
-        assert "loopbridge_dp_filter: installed" not in groups[name].log()
+        assert f"loopbridge_dp_filter: installed (pid {pid}) for vLLM {vllm.__version__}" in log
+    for name in groups:
+        if name != "filtered":
+            assert "loopbridge_dp_filter: installed" not in groups[name].log()
 
 
 def test_finding1_hangs_without_the_filter_and_finishes_with_it(
     groups: dict[str, GroupRun],
 ) -> None:
-    plain = _result(groups["plain-finding1"], "finding1")
     fixed = _result(groups["filtered"], "finding1")
+    if ON_033:
+        # Only engines start waves: rank 0 takes the request after the resume
+        # barrier, so its wave start cannot overtake rank 1's resume, and the
+        # request finishes with or without the filter.
+        plain = _result(groups["plain"], "finding1")
+        assert not plain["gated"] and not fixed["gated"]
+        assert plain["finished"] and fixed["finished"], (plain, fixed)
+        return
+    plain = _result(groups["plain-finding1"], "finding1")
     # The race was forced the same way in both groups.
     assert plain["gated"] and fixed["gated"]
     # Stock 0.32: rank 1 dropped the wave start (latched from the pause) and
@@ -200,10 +221,10 @@ def test_finding1_hangs_without_the_filter_and_finishes_with_it(
 
 
 def test_duplicate_resume_with_a_busy_peer(groups: dict[str, GroupRun]) -> None:
-    plain = _result(groups["plain-dup-resume"], "dup_resume")
+    plain = _result(groups["plain" if ON_033 else "plain-dup-resume"], "dup_resume")
     fixed = _result(groups["filtered"], "dup_resume")
     assert plain["gated"] and fixed["gated"]
-    # Stock 0.32 (vLLM #55229): idle rank 1 enters the resume barrier while
+    # Stock 0.32 and 0.33 (vLLM #55229): idle rank 1 enters the resume barrier while
     # rank 0 is in its wave's DP sync; the request never finishes.
     assert not plain["finished"], plain
     # Filtered: the duplicate is answered as a no-op on both ranks.
@@ -219,11 +240,14 @@ def test_refit_cycles_under_load(groups: dict[str, GroupRun]) -> None:
     for c in cycles:
         before, during, after = c["reasons"][:4], c["reasons"][4:6], c["reasons"][6:]
         # In-flight requests finish, or are aborted by an abort-mode pause
-        # (vLLM's documented outcome); requests sent during or after the
-        # pause are queued (0.32 admits them) and finish.
+        # (vLLM's documented outcome). Requests sent during the pause are
+        # queued and finish (0.32; 0.33 in keep mode), or get 0.33's
+        # documented retryable ``engine_paused`` error (abort/wait modes).
         allowed = {"length", "abort"} if c["mode"] == "abort" else {"length"}
         assert set(before) <= allowed, c
-        assert set(during) == set(after) == {"length"}, c
+        rejects = ON_033 and c["mode"] != "keep"
+        assert set(during) == ({"engine_paused"} if rejects else {"length"}), c
+        assert set(after) == {"length"}, c
     assert res["client_unfinished"] == 0
     for rank in res["ranks"]:
         assert rank["requests"] == 0 and not rank["running"] and rank["pause"] == 0

@@ -5,7 +5,9 @@
   and lost requests with a shortest counterexample timeline.
 * :func:`decide` is the pause-aware message filter; :func:`install_filter`
   (in ``loopbridge_vllm.dp._patch``, imported lazily because it needs vLLM)
-  puts it in front of vLLM 0.32's ``DPEngineCoreProc`` request handler.
+  puts it in front of the ``DPEngineCoreProc`` request handler of vLLM 0.32
+  or 0.33, and ``_plugin.load`` does so from vLLM's plugin loader when
+  ``LOOPBRIDGE_DP_FILTER=1``.
 """
 
 from __future__ import annotations

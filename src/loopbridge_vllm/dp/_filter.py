@@ -26,6 +26,11 @@ R2  A ``START_DP_WAVE`` that reaches a rank while the consensus latch
     resume, the message is judged by the usual wave comparison: a wave that
     has meanwhile ended everywhere is ignored, a current one is joined.
 
+Both rules apply unchanged to 0.33 (variant ``e33``): its resume still
+decides from ``engines_running`` (R1 closes vLLM #55229 there too); only
+engines start waves, so R2 rarely holds anything, and what it holds is judged
+by the same wave comparison after resume.
+
 Everything else is delivered unchanged: the consensus latch of the
 two-phase pause already drops late ``START_DP_WAVE`` messages, and an ADD
 does not arm a paused rank.

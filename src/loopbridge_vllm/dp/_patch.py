@@ -27,17 +27,10 @@ from typing import Any
 
 from ._filter import Decision, FilterView, MessageKind, decide
 
-#: vLLM versions whose ``DPEngineCoreProc`` the filter was checked against.
-SUPPORTED_PREFIXES = ("0.32.",)
-#: Versions whose protocol is known but on which the filter is not validated,
-#: with the reason given when installation is refused.
-UNVALIDATED = {
-    "0.33.": (
-        "0.33 changed the DP protocol (only engines start waves, abort/wait pauses "
-        "reject new requests); its model (variant c33) is checked against the real "
-        "0.33 rank, but the filter has not been run on a real 0.33 DP group"
-    ),
-}
+#: vLLM versions whose ``DPEngineCoreProc`` the filter was checked against
+#: (model variant, per-rank conformance with and without the filter, and a
+#: real DP=2 group); any other version is refused.
+SUPPORTED_PREFIXES = ("0.32.", "0.33.")
 
 _ORIGINAL_ATTR = "_loopbridge_original_handle_client_request"
 _HELD_ATTR = "_loopbridge_held"
@@ -140,9 +133,10 @@ def installed_version_supported() -> tuple[bool, str]:
     version = str(vllm.__version__)
     if not version.startswith(SUPPORTED_PREFIXES):
         checked = ", ".join(p + "x" for p in SUPPORTED_PREFIXES)
-        known = next((why for p, why in UNVALIDATED.items() if version.startswith(p)), None)
-        because = known or "its DP engine-core protocol has not been checked"
-        return False, f"vLLM {version} is not supported (checked: {checked}): {because}"
+        return False, (
+            f"vLLM {version} is not supported (checked: {checked}): the filter's rules "
+            "were checked only against those releases' DP engine-core protocol"
+        )
     from vllm.v1.engine.core import DPEngineCoreProc
 
     for attr in ("_pause_complete", "resume_scheduler", "_has_global_unfinished_reqs"):
