@@ -1,10 +1,20 @@
-"""Start owner-side tasks eagerly where the runtime supports it.
+"""Start owner-side tasks so that their first step runs at once.
 
-On Python 3.12+ ``Task(..., eager_start=True)`` runs the first step of the
-coroutine at once, inside the port's drain, with the task already current.  A
-call that finishes without suspending then posts its result in the same loop
-iteration that received it.  On 3.11 the task starts on the next iteration as
-usual: a hand-rolled eager step there cost more CPU per call than it saved.
+A call that finishes without suspending should answer in the loop iteration
+that received it, not one iteration later.  Every owner-side task therefore
+runs its first step inside the port's drain, *with the task current* (so
+``asyncio.current_task()``, ``asyncio.timeout()`` and anyio scopes work from
+the first line):
+
+* Python 3.12+: ``Task(..., eager_start=True)``;
+* Python 3.11, stock asyncio: the task is created as usual and its first step,
+  which ``Task()`` just queued, is taken back off the ready queue and run now
+  (see :func:`~loopbridge._compat.step_now`);
+* uvloop (C ``create_task``), custom task factories and 3.10: the task starts
+  on the next iteration as usual.
+
+``eager=True`` on 3.11 goes one step further (:func:`step_then_task`): the
+first step runs with no task at all, and only a call that suspends gets one.
 """
 
 from __future__ import annotations
@@ -12,30 +22,31 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextvars
-import sys
 from typing import Any
+
+from ._compat import HAS_NATIVE_EAGER, HAS_TASK_CONTEXT, is_stock_loop, step_now
 
 __all__ = ["NATIVE_EAGER", "start_task", "step_then_task"]
 
-_NATIVE = NATIVE_EAGER = sys.version_info >= (3, 12)
-_PY311 = sys.version_info >= (3, 11)
+NATIVE_EAGER = HAS_NATIVE_EAGER
 _Task = asyncio.Task
-_FACTORY = object()
 
 
 def start_task(
     loop: asyncio.AbstractEventLoop, coro: Any, ctx: contextvars.Context
 ) -> asyncio.Task[Any]:
-    """A task for ``coro`` in context ``ctx``, started eagerly where possible."""
-    if not _PY311:  # 3.10: Task() has no context argument; it copies the current one
+    """A task for ``coro`` in context ``ctx``, its first step run now where possible."""
+    if not HAS_TASK_CONTEXT:  # 3.10: Task() has no context argument; it copies the current one
         return ctx.run(loop.create_task, coro)
-    if getattr(loop, "_task_factory", _FACTORY) is not None:
-        # A custom task factory (or uvloop, whose create_task is C): respect it.
+    if not is_stock_loop(loop) or loop.get_task_factory() is not None:
+        # uvloop (whose create_task is C) or a custom task factory: respect it.
         return loop.create_task(coro, context=ctx)
-    if _NATIVE:
+    if HAS_NATIVE_EAGER:
         return _Task(coro, loop=loop, context=ctx, eager_start=True)  # type: ignore[call-arg, unused-ignore]
-    # Stock asyncio without a factory: what create_task does, minus its Python frame.
-    return _Task(coro, loop=loop, context=ctx)
+    # 3.11 stock asyncio: what create_task does, minus its Python frame, then the first step.
+    task = _Task(coro, loop=loop, context=ctx)
+    step_now(loop, task)
+    return task
 
 
 class _Resume(collections.abc.Coroutine):  # type: ignore[type-arg]

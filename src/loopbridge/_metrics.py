@@ -30,6 +30,9 @@ import weakref
 from collections import deque
 from typing import Any
 
+from ._compat import counter_value as _value
+from ._operation import Outcome
+
 __all__ = [
     "Stats",
     "Histogram",
@@ -40,7 +43,7 @@ __all__ = [
     "totals_by_name",
 ]
 
-_OK, _ERROR, _CANCELLED = 1, 2, 3
+_OK, _ERROR = Outcome.OK, Outcome.ERROR
 
 #: Upper bounds (seconds) of latency buckets: 1 µs, 2 µs, 4 µs ... ~134 s, then +Inf.
 BUCKETS: tuple[float, ...] = tuple(2.0**i / 1e6 for i in range(28))
@@ -52,11 +55,6 @@ _FOLD_AT = 2048
 #: Counter names, in the order a reader must take them (see Totals.read).
 _CALL_KEYS = ("ok", "errors", "cancelled", "caller_cancels", "submitted")
 _STREAM_KEYS = ("completed", "errors", "cancelled", "consumer_closes", "opened", "items", "wakeups")
-
-
-def _value(counter: itertools.count[int]) -> int:
-    """Current value of an ``itertools.count`` without advancing it."""
-    return int(repr(counter)[6:-1])
 
 
 class Histogram:
@@ -347,11 +345,11 @@ class Stats:
     def submitted(self) -> None:
         next(self._submitted)
 
-    def finished(self, state: int, op: Any) -> None:
+    def finished(self, outcome: Outcome) -> None:
         """Count the outcome (owner side).  Latencies arrive with :meth:`returned`."""
-        if state == _OK:
+        if outcome is _OK:
             next(self._ok)
-        elif state == _ERROR:
+        elif outcome is _ERROR:
             next(self._errors)
         else:
             next(self._cancelled)
@@ -371,10 +369,10 @@ class Stats:
     def stream_started(self) -> None:
         next(self._opened)
 
-    def stream_finished(self, state: int, op: Any) -> None:
-        if state == _OK:
+    def stream_finished(self, outcome: Outcome, op: Any) -> None:
+        if outcome is _OK:
             next(self._s_ok)
-        elif state == _ERROR:
+        elif outcome is _ERROR:
             next(self._s_errors)
         else:
             next(self._s_cancelled)

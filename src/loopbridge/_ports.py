@@ -35,12 +35,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ._compat import check_loop, counter_value, get_running_loop, ready_queue
 from ._errors import OwnerLoopClosed
 
 __all__ = ["Port", "InFlight", "port_for_loop", "running_port", "get_running_loop", "rearm"]
-
-# C-accelerated and returns None instead of raising: the cheapest "which loop am I on".
-get_running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_running_loop
 
 #: How often waiting callers check that the owner loop is still alive (seconds).
 LIVENESS_INTERVAL = 0.05
@@ -79,6 +77,7 @@ class Port:
         "_watch_handle",
         "thread_id",
         "_wakes",
+        "waker",
         "__weakref__",
     )
 
@@ -95,7 +94,7 @@ class Port:
         self._schedule_threadsafe = schedule_threadsafe
         # Stock asyncio exposes its ready queue; its length tells whether the
         # loop has more work in this iteration (then deferring a wake pays).
-        self._ready: deque[Any] | None = getattr(loop, "_ready", None)
+        self._ready: deque[Any] | None = ready_queue(loop)
         self._outgoing: list[Port] = []
         self._flush_pending = False
         self.inflight: dict[InFlight, None] = {}
@@ -109,6 +108,8 @@ class Port:
         # The thread seen running this loop (for hang dumps; uvloop has no _thread_id).
         self.thread_id: int | None = None
         self._wakes = itertools.count()  # exact from any thread
+        # How callers on this loop wait (see _wakers); made on first use.
+        self.waker: Any = None
 
     def __repr__(self) -> str:
         return f"<Port {self.label}{' dead' if self.dead else ''}>"
@@ -144,7 +145,7 @@ class Port:
     @property
     def wakeups(self) -> int:
         """Cross-thread wake-ups sent to this loop so far."""
-        return int(repr(self._wakes)[6:-1])
+        return counter_value(self._wakes)
 
     def _send_wake(self) -> None:
         next(self._wakes)
@@ -309,6 +310,7 @@ def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
         return port
     if loop.is_closed():
         raise OwnerLoopClosed(f"{_loop_label(loop)} is closed")
+    check_loop(loop)
     if loop in _retired:
         raise OwnerLoopClosed(f"{_loop_label(loop)} is shutting down")
     with _registry_lock:

@@ -18,12 +18,19 @@ from ._calls import call_from_loop, call_from_thread, call_from_trio
 from ._codegen import build
 from ._errors import LoopAffinityError
 from ._metrics import Stats
-from ._ownership import MemberKind, Ownership, classify, original, ownership_of
+from ._operation import Options
+from ._ownership import (
+    ON_OWNER,
+    MemberKind,
+    Ownership,
+    classify,
+    on_owner_thread,
+    original,
+    ownership_of,
+)
 from ._ports import get_running_loop
-
-get_ident = threading.get_ident
 from ._streams import BlockingStream, Channel, RemoteStream
-from ._trio import current_library
+from ._trio import in_trio_run
 
 __all__ = [
     "proxy",
@@ -41,61 +48,42 @@ T = TypeVar("T")
 DEFAULT_WINDOW = 256
 DEFAULT_GRACE = 5.0
 
-_SLOTS = ("_lb_target", "_lb_own", "_lb_window", "_lb_grace", "_lb_stats", "_lb_eager")
+# The owner (for the same-loop test, read on every call) and the settings
+# every call and stream made through this proxy share.
+_SLOTS = ("_lb_target", "_lb_own", "_lb_opts")
 
 
 # ------------------------------------------------------------ member factories
-_ASYNC_MEMBER = """
+# One definition of a proxy member, rendered with the method's own signature or,
+# when that can't be mirrored, with plain (*args, **kwargs) forwarding: on the
+# owner loop it calls straight through; anywhere else _route decides.
+_ASYNC_MEMBER = (
+    """
 def make({make_params}):
     def member({params}):
         __lb_own = {self}._lb_own
-        __lb_loop = __lb_own._loop
-        if __lb_own._tid_check and __lb_loop._thread_id == __lb_ident():
+        if """
+    + ON_OWNER.format(own="__lb_own")
+    + """:
             return __lb_fn({self}._lb_target, {args})  # same loop: straight through
-        __lb_running = __lb_grl()
-        if __lb_running is not None:
-            if __lb_running is __lb_loop:
-                return __lb_fn({self}._lb_target, {args})  # same loop (uvloop)
-            return __lb_cfl(
-                __lb_running, __lb_fn, ({self}._lb_target, {positional}), {keywords},
-                __lb_what, __lb_own, {self}._lb_stats, {self}._lb_grace, {self}._lb_eager,
-            )
-        # No loop yet (created before asyncio.run, or under trio): decide on await.
-        return __lb_dispatch({self}, __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what)
+        return __lb_route({self}, __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what)
     return member
 """
+)
 
 
-def _async_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    what = f"{fn.__qualname__}()"
-    try:
-        member = build(
-            _ASYNC_MEMBER,
-            fn,
-            "proxy member",
-            __lb_fn=fn,
-            __lb_ident=get_ident,
-            __lb_grl=get_running_loop,
-            __lb_cfl=call_from_loop,
-            __lb_dispatch=_dispatch,
-            __lb_what=what,
-        )
-    except (TypeError, ValueError, SyntaxError):  # e.g. a decorator's (*args, **kwargs)
-
-        def member(self: Any, *args: Any, **kwargs: Any) -> Any:
-            own = self._lb_own
-            if own._tid_check and own._loop._thread_id == get_ident():
-                return fn(self._lb_target, *args, **kwargs)
-            loop = get_running_loop()
-            if loop is not None:
-                if loop is own._loop:
-                    return fn(self._lb_target, *args, **kwargs)
-                return call_from_loop(
-                    loop, fn, (self._lb_target, *args), kwargs, what, own,
-                    self._lb_stats, self._lb_grace, self._lb_eager,
-                )  # fmt: skip
-            return _dispatch(self, fn, (self._lb_target, *args), kwargs, what)
-
+def _async_member(name: str, fn: Callable[..., Any], generic: bool = False) -> Callable[..., Any]:
+    member = build(
+        _ASYNC_MEMBER,
+        fn,
+        "proxy member",
+        generic=generic,
+        __lb_fn=fn,
+        __lb_ident=threading.get_ident,
+        __lb_grl=get_running_loop,
+        __lb_route=_route,
+        __lb_what=f"{fn.__qualname__}()",
+    )
     return _describe(member, name, fn, "async")
 
 
@@ -110,20 +98,28 @@ def _describe(
     return member
 
 
-async def _dispatch(
-    self: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+def _route(
+    p: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
 ) -> Any:
-    """Decide the caller kind when the coroutine runs, not when it is created."""
-    own: Ownership = self._lb_own
-    stats: Stats = self._lb_stats
-    grace: float = self._lb_grace
+    """Where a proxy member's call goes when this thread does not run the owner loop."""
+    opts: Options = p._lb_opts
     loop = get_running_loop()
-    if loop is not None:
-        if loop is own._loop:
-            return await fn(*args, **kwargs)
-        return await call_from_loop(loop, fn, args, kwargs, what, own, stats, grace, self._lb_eager)
-    if current_library() == "trio":
-        return await call_from_trio(fn, args, kwargs, what, own, stats, grace, self._lb_eager)
+    if loop is None:
+        # No loop yet (the coroutine was made before asyncio.run, or under
+        # trio): decide when it is awaited.
+        return _route_on_await(p, fn, args, kwargs, what)
+    if loop is opts.own._loop:
+        return fn(*args, **kwargs)  # same loop (the owner was not running when asked)
+    return call_from_loop(loop, opts, fn, args, kwargs, what)
+
+
+async def _route_on_await(
+    p: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> Any:
+    if get_running_loop() is not None:
+        return await _route(p, fn, args, kwargs, what)
+    if in_trio_run():
+        return await call_from_trio(p._lb_opts, fn, args, kwargs, what)
     raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 
@@ -131,13 +127,10 @@ def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     what = f"{fn.__qualname__}()"
 
     def member(self: Any, *args: Any, **kwargs: Any) -> Any:
-        own: Ownership = self._lb_own
         target = self._lb_target
-        loop = get_running_loop()
-        if loop is own._loop and loop is not None:
+        if on_owner_thread(self._lb_own):
             return fn(target, *args, **kwargs)  # same loop: the real generator
-        ch = Channel(fn, (target, *args), kwargs, what, own, self._lb_window, self._lb_stats)
-        return RemoteStream(ch, self._lb_grace)
+        return RemoteStream(Channel(fn, (target, *args), kwargs, what, self._lb_opts))
 
     return _describe(member, name, fn, "stream")
 
@@ -307,10 +300,7 @@ def proxy(
     setattr_ = object.__setattr__
     setattr_(p, "_lb_target", obj)
     setattr_(p, "_lb_own", own)
-    setattr_(p, "_lb_window", stream_window)
-    setattr_(p, "_lb_grace", cancel_grace)
-    setattr_(p, "_lb_stats", own.stats)
-    setattr_(p, "_lb_eager", bool(eager))
+    setattr_(p, "_lb_opts", Options(own, stream_window, cancel_grace, bool(eager)))
     return p
 
 
@@ -333,7 +323,8 @@ def stats_of(p: object) -> Stats:
     """The metrics of the object behind a proxy (shared by all its proxies)."""
     if not getattr(type(p), "__loopbridge_proxy__", False):
         raise TypeError(f"expected a loopbridge proxy, got {type(p).__qualname__}")
-    return object.__getattribute__(p, "_lb_stats")  # type: ignore[no-any-return]
+    opts: Options = object.__getattribute__(p, "_lb_opts")
+    return opts.stats
 
 
 # ------------------------------------------------------------- blocking face
@@ -363,26 +354,21 @@ class Blocking(Generic[T]):
         pcls = type(p)
         raw = getattr(pcls, name, None)
         fn = getattr(raw, "__wrapped__", None)
-        own: Ownership = object.__getattribute__(p, "_lb_own")
         target = object.__getattribute__(p, "_lb_target")
-        stats: Stats = object.__getattribute__(p, "_lb_stats")
-        grace: float = object.__getattribute__(p, "_lb_grace")
-        eager: bool = object.__getattribute__(p, "_lb_eager")
-        window: int = object.__getattribute__(p, "_lb_window")
+        opts: Options = object.__getattribute__(p, "_lb_opts")
         kind = getattr(raw, "__loopbridge_kind__", None)
         if fn is not None and kind == "async":
             what = f"{fn.__qualname__}()"
 
             def call(*args: Any, **kwargs: Any) -> Any:
-                return call_from_thread(fn, (target, *args), kwargs, what, own, stats, grace, eager)
+                return call_from_thread(opts, fn, (target, *args), kwargs, what)
 
             member = call
         elif fn is not None and kind == "stream":
             what = f"{fn.__qualname__}()"
 
             def iterate(*args: Any, **kwargs: Any) -> Any:
-                ch = Channel(fn, (target, *args), kwargs, what, own, window, stats)
-                return BlockingStream(ch, grace)
+                return BlockingStream(Channel(fn, (target, *args), kwargs, what, opts))
 
             member = iterate
         else:
