@@ -30,10 +30,9 @@ from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._errors import LoopAffinityError
 from ._operation import CANCELLED, ERROR, OK, PENDING, Operation, Options, Outcome
 from ._ownership import on_owner_thread
-from ._ports import running_port
-from ._wakers import LoopWaker, TrioWaker, loop_waker, thread_waker
+from ._wakers import LoopWaker, TrioWaker, thread_waker
 
-__all__ = ["Call", "call_from_loop", "call_from_thread", "call_from_trio"]
+__all__ = ["Call", "call_from_async", "call_from_thread", "cancel_message"]
 
 _perf = time.perf_counter
 
@@ -89,46 +88,23 @@ def _returned(call: Call, t_return: float) -> Any:
 
 
 # ------------------------------------------------------------ the three callers
-async def call_from_loop(
-    loop: asyncio.AbstractEventLoop,
+async def call_from_async(
+    waker: LoopWaker | TrioWaker,
     opts: Options,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     what: str,
 ) -> Any:
-    """Run ``fn(*args, **kwargs)`` on the owner loop; await it from ``loop``."""
-    waker = loop_waker(running_port(loop))
-    call = Call(fn, args, kwargs, what, opts, waker)
-    call.waiter = loop.create_future()
-    call.submit()
-    try:
-        await waker.park(call, call.owner)  # type: ignore[arg-type]
-    except asyncio.CancelledError as exc:
-        await _cancelled_by_caller(call, waker, exc.args[0] if exc.args else None)
-        raise
-    return _returned(call, _perf())
-
-
-async def call_from_trio(
-    opts: Options,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    what: str,
-) -> Any:
-    """A caller running under trio (directly or through anyio)."""
-    from ._trio import trio_port
-    from ._wakers import trio_waker
-
-    waker = trio_waker(trio_port())
+    """Run ``fn(*args, **kwargs)`` on the owner loop; await it from the waker's
+    asyncio loop or trio run."""
     call = Call(fn, args, kwargs, what, opts, waker)
     waker.arm(call)
     call.submit()
     try:
         await waker.park(call, call.owner)  # type: ignore[arg-type]
-    except waker.cancelled:
-        await _cancelled_by_caller(call, waker, None)
+    except waker.cancelled as exc:
+        await _cancelled_by_caller(call, waker, cancel_message(exc))
         raise
     return _returned(call, _perf())
 
@@ -160,6 +136,11 @@ def call_from_thread(
         opts.stats.returned(call, 0.0)
         raise
     return _returned(call, _perf())
+
+
+def cancel_message(exc: BaseException) -> str | None:
+    """The message a caller's cancel carries to the owner side (trio's carry none)."""
+    return exc.args[0] if isinstance(exc, asyncio.CancelledError) and exc.args else None
 
 
 async def _cancelled_by_caller(call: Call, waker: LoopWaker | TrioWaker, msg: str | None) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "Cancel",
     "Options",
     "Operation",
+    "NOT_WAITING",
     "start_on_owner",
     "cancel_on_owner",
     "owner_cancelled",
@@ -110,6 +111,21 @@ def thread_label(ident: int | None) -> str:
     return f"thread {ident}"
 
 
+class NotWaiting:
+    """The waker of an operation nobody waits on yet (a stream not iterated yet)."""
+
+    __slots__ = ()
+
+    label = "nobody yet"
+    thread_id = None
+
+    def wake(self, op: Operation) -> None:
+        pass
+
+
+NOT_WAITING = NotWaiting()
+
+
 class Operation:
     """A call or stream in flight; subclasses say what runs and how it is counted."""
 
@@ -145,7 +161,7 @@ class Operation:
         kwargs: dict[str, Any],
         what: str,
         opts: Options,
-        waker: Waker,
+        waker: Waker = NOT_WAITING,
     ) -> None:
         self.fn = fn
         self.args = args

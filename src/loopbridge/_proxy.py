@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ._calls import call_from_loop, call_from_thread, call_from_trio
+from ._calls import call_from_async, call_from_thread
 from ._codegen import build
 from ._errors import LoopAffinityError
 from ._metrics import Stats
@@ -28,9 +28,10 @@ from ._ownership import (
     original,
     ownership_of,
 )
-from ._ports import get_running_loop
+from ._ports import get_running_loop, running_port
 from ._streams import BlockingStream, Channel, RemoteStream
-from ._trio import in_trio_run
+from ._trio import in_trio_run, trio_port
+from ._wakers import loop_waker, trio_waker
 
 __all__ = [
     "proxy",
@@ -110,7 +111,7 @@ def _route(
         return _route_on_await(p, fn, args, kwargs, what)
     if loop is opts.own._loop:
         return fn(*args, **kwargs)  # same loop (the owner was not running when asked)
-    return call_from_loop(loop, opts, fn, args, kwargs, what)
+    return call_from_async(loop_waker(running_port(loop)), opts, fn, args, kwargs, what)
 
 
 async def _route_on_await(
@@ -119,7 +120,7 @@ async def _route_on_await(
     if get_running_loop() is not None:
         return await _route(p, fn, args, kwargs, what)
     if in_trio_run():
-        return await call_from_trio(p._lb_opts, fn, args, kwargs, what)
+        return await call_from_async(trio_waker(trio_port()), p._lb_opts, fn, args, kwargs, what)
     raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 

@@ -27,15 +27,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
+from ._calls import cancel_message
 from ._eager import start_task
 from ._errors import LoopAffinityError
-from ._operation import CANCELLED, ERROR, OK, PENDING, REQUESTED, Operation, Options, Outcome
+from ._operation import CANCELLED, ERROR, OK, PENDING, REQUESTED, Operation, Outcome
 from ._ownership import on_owner_thread
 from ._ports import get_running_loop, running_port
-from ._wakers import NOT_WAITING, LoopWaker, ThreadWaker, TrioWaker, loop_waker, thread_waker
+from ._wakers import LoopWaker, ThreadWaker, TrioWaker, loop_waker, thread_waker
 
 __all__ = ["RemoteStream", "BlockingStream", "Channel"]
 
@@ -55,6 +56,7 @@ class Channel(Operation):
         "ack_every",
         "buf",
         "acked",
+        "taken",
         "producer_parked",
         "producer_waiter",
         "counted",
@@ -64,23 +66,16 @@ class Channel(Operation):
 
     kind = "stream"
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        what: str,
-        opts: Options,
-    ) -> None:
-        window = opts.window
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # nobody to wake until iteration starts
+        window = self.opts.window
         if window < 1:
             raise ValueError(f"stream window must be at least 1, not {window}")
-        # Nobody to wake until a consumer starts iterating (it sets its waker).
-        super().__init__(fn, args, kwargs, what, opts, NOT_WAITING)
         self.window = window
         self.ack_every = max(1, window // 2)
         self.buf: deque[Any] = deque()
         self.acked = 0  # items the consumer has taken, as last published
+        self.taken = 0  # items the consumer has taken (consumer side)
         self.producer_parked = False
         self.producer_waiter: asyncio.Future[None] | None = None
         # Metrics and hang dumps only: items already counted as delivered, the
@@ -118,12 +113,27 @@ class Channel(Operation):
         }
 
     # -- consumer side ---------------------------------------------------------
-    def delivered(self, taken: int) -> None:
+    def delivered(self) -> None:
         """Count the items the consumer took since it last parked."""
+        taken = self.taken
         n = taken - self.counted
         if n > 0:
             self.counted = taken
             self.opts.stats.stream_batch(n)
+
+    def take(self) -> Any:
+        """The next buffered item (the buffer is not empty)."""
+        self.taken = taken = self.taken + 1
+        if taken - self.acked >= self.ack_every:
+            self.ack(taken)
+        return self.buf.popleft()
+
+    def before_park(self) -> None:
+        """The buffer is empty: raise the end if there is one, else return all credit."""
+        self.delivered()
+        if self.outcome is not PENDING:  # the buffer is empty: nothing left to drop
+            self.raise_end()
+        self.ack(self.taken)
 
     def ack(self, taken: int) -> None:
         """Publish consumption; wake the producer if it waits for credit."""
@@ -218,10 +228,6 @@ def _wake_producer(ch: Channel) -> None:
         waiter.set_result(None)
 
 
-def _cancel_message(exc: BaseException) -> str | None:
-    return exc.args[0] if isinstance(exc, asyncio.CancelledError) and exc.args else None
-
-
 # ---------------------------------------------------------- asyncio/trio consumer
 class RemoteStream(Generic[Y]):
     """What an async generator member returns through a proxy, off the owner loop.
@@ -231,11 +237,10 @@ class RemoteStream(Generic[Y]):
     when the first item is requested.
     """
 
-    __slots__ = ("_ch", "_taken", "_waker", "__weakref__")
+    __slots__ = ("_ch", "_waker", "__weakref__")
 
     def __init__(self, ch: Channel) -> None:
         self._ch = ch
-        self._taken = 0
         # How this consumer waits: chosen by where the first item is asked for.
         # (It must not reference this object: `break` out of `async for` relies
         # on refcounting to run __del__ promptly.)
@@ -270,39 +275,32 @@ class RemoteStream(Generic[Y]):
     async def __anext__(self) -> Y:
         ch = self._ch
         buf = ch.buf
-        if buf:  # fast path: no await, no wake-up
-            self._taken += 1
-            if self._taken - ch.acked >= ch.ack_every:
-                ch.ack(self._taken)
+        if buf:  # fast path: no await, no wake-up (Channel.take, inlined)
+            ch.taken = taken = ch.taken + 1
+            if taken - ch.acked >= ch.ack_every:
+                ch.ack(taken)
             return buf.popleft()  # type: ignore[no-any-return]
         waker = self._waker
         if waker is None:
             if ch.outcome is not PENDING:  # closed before it started
                 ch.raise_end()
             waker = self._begin()
-        while True:
-            if buf:
-                self._taken += 1
-                if self._taken - ch.acked >= ch.ack_every:
-                    ch.ack(self._taken)
-                return buf.popleft()  # type: ignore[no-any-return]
-            ch.delivered(self._taken)
-            if ch.outcome is not PENDING:  # the buffer is empty here: nothing left to drop
-                ch.raise_end()
-            ch.ack(self._taken)  # buffer empty: give the producer its full window
+        while not buf:
+            ch.before_park()
             waker.arm(ch)
             if ch.park_begins():
                 try:
                     await waker.park(ch, ch.owner)  # type: ignore[arg-type]
                 except waker.cancelled as exc:
                     ch.parked = False
-                    await self._close_and_wait(waker, _cancel_message(exc))
+                    await self._close_and_wait(waker, cancel_message(exc))
                     raise
+        return ch.take()  # type: ignore[no-any-return]
 
     async def _close_and_wait(self, waker: LoopWaker | TrioWaker, msg: str | None) -> None:
         """Close the owner-side generator; wait (bounded) for its cleanup."""
         ch = self._ch
-        ch.delivered(self._taken)
+        ch.delivered()
         if ch.outcome is not PENDING:
             return
         ch.opts.stats.stream_closed()
@@ -313,7 +311,7 @@ class RemoteStream(Generic[Y]):
     async def aclose(self) -> None:
         """Close the owner-side generator on the owner loop and wait for its cleanup."""
         ch = self._ch
-        ch.delivered(self._taken)
+        ch.delivered()
         waker = self._waker
         if waker is None or ch.outcome is not PENDING:
             ch.end_unopened()
@@ -339,7 +337,7 @@ class RemoteStream(Generic[Y]):
         # `async for`): close the generator on its owner, without waiting.
         if self._waker is not None:
             ch = self._ch
-            ch.delivered(self._taken)
+            ch.delivered()
             ch.request_cancel(None)
 
 
@@ -347,11 +345,10 @@ class RemoteStream(Generic[Y]):
 class BlockingStream(Generic[Y]):
     """A blocking iterator over an owner-side async generator, for plain threads."""
 
-    __slots__ = ("_ch", "_taken", "_waker", "__weakref__")
+    __slots__ = ("_ch", "_waker", "__weakref__")
 
     def __init__(self, ch: Channel) -> None:
         self._ch = ch
-        self._taken = 0
         self._waker: ThreadWaker | None = None  # set when iteration starts
 
     def __iter__(self) -> Iterator[Y]:
@@ -376,21 +373,11 @@ class BlockingStream(Generic[Y]):
             if ch.outcome is not PENDING:
                 raise StopIteration
             waker = self._begin()
-        buf = ch.buf
-        while True:
-            if buf:
-                self._taken += 1
-                if self._taken - ch.acked >= ch.ack_every:
-                    ch.ack(self._taken)
-                return buf.popleft()  # type: ignore[no-any-return]
-            ch.delivered(self._taken)
-            if ch.outcome is not PENDING:
-                buf.clear()
-                try:
-                    ch.raise_end()
-                except StopAsyncIteration:
-                    raise StopIteration from None
-            ch.ack(self._taken)
+        while not ch.buf:
+            try:
+                ch.before_park()
+            except StopAsyncIteration:
+                raise StopIteration from None
             waker.arm(ch)
             if ch.park_begins():
                 try:
@@ -399,11 +386,12 @@ class BlockingStream(Generic[Y]):
                     ch.parked = False
                     self.close()
                     raise
+        return ch.take()  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Close the owner-side generator on the owner loop; wait (bounded) for cleanup."""
         ch = self._ch
-        ch.delivered(self._taken)
+        ch.delivered()
         waker = self._waker
         if waker is None or ch.outcome is not PENDING:
             ch.end_unopened()
@@ -421,5 +409,5 @@ class BlockingStream(Generic[Y]):
 
     def __del__(self) -> None:
         if self._waker is not None:
-            self._ch.delivered(self._taken)
+            self._ch.delivered()
             self._ch.request_cancel(None)

@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ._operation import PENDING, Operation
+from ._operation import PENDING, NotWaiting, Operation
 from ._ports import LIVENESS_INTERVAL, Port
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ __all__ = [
     "LoopWaker",
     "TrioWaker",
     "ThreadWaker",
-    "NOT_WAITING",
     "loop_waker",
     "trio_waker",
     "thread_waker",
@@ -43,16 +43,13 @@ __all__ = [
 _perf = time.perf_counter
 
 
-class LoopWaker:
-    """A caller on an asyncio loop: waiters are futures of that loop."""
+class _PortWaker:
+    """A caller on an event loop or trio run: wakes are posted to its port."""
 
-    __slots__ = ("port", "loop")
-
-    cancelled: type[BaseException] = asyncio.CancelledError
+    __slots__ = ("port",)
 
     def __init__(self, port: Port) -> None:
         self.port = port
-        self.loop: asyncio.AbstractEventLoop = port.loop
 
     @property
     def label(self) -> str:
@@ -61,6 +58,18 @@ class LoopWaker:
     @property
     def thread_id(self) -> int | None:
         return self.port.thread_id
+
+
+class LoopWaker(_PortWaker):
+    """A caller on an asyncio loop: waiters are futures of that loop."""
+
+    __slots__ = ("loop",)
+
+    cancelled: type[BaseException] = asyncio.CancelledError
+
+    def __init__(self, port: Port) -> None:
+        super().__init__(port)
+        self.loop: asyncio.AbstractEventLoop = port.loop
 
     def arm(self, op: Operation) -> None:
         op.waiter = self.loop.create_future()
@@ -74,27 +83,15 @@ class LoopWaker:
         await op.waiter
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
-        deadline = _perf() + grace
-        loop = self.loop
-        try:
-            while op.outcome is PENDING:
-                remaining = deadline - _perf()
-                if remaining <= 0:
-                    return
-                fut = op.waiter = loop.create_future()
-                op.parked = True
-                if op.outcome is not PENDING:
-                    return
-                timer = loop.call_later(min(LIVENESS_INTERVAL, remaining), _resolve, fut)
-                try:
-                    await fut
-                except asyncio.CancelledError:
-                    return  # cancelled again while waiting: stop, keep the first cancel
-                finally:
-                    timer.cancel()
-                owner.check_alive()
-        finally:
-            op.parked = False
+        for timeout in _rounds(self, op, grace):
+            timer = self.loop.call_later(timeout, _resolve, op.waiter)
+            try:
+                await op.waiter
+            except asyncio.CancelledError:
+                return  # cancelled again while waiting: stop, keep the first cancel
+            finally:
+                timer.cancel()
+            owner.check_alive()
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -108,25 +105,17 @@ def _resolve_future(op: Operation) -> None:
         fut.set_result(None)
 
 
-class TrioWaker:
+class TrioWaker(_PortWaker):
     """A caller in a trio run (directly or through anyio): waiters are trio events."""
 
-    __slots__ = ("port", "cancelled", "_trio")
+    __slots__ = ("cancelled", "_trio")
 
     def __init__(self, port: Port) -> None:
         import trio
 
-        self.port = port
+        super().__init__(port)
         self._trio = trio
         self.cancelled: type[BaseException] = trio.Cancelled
-
-    @property
-    def label(self) -> str:
-        return self.port.label
-
-    @property
-    def thread_id(self) -> int | None:
-        return self.port.thread_id
 
     def arm(self, op: Operation) -> None:
         op.waiter = self._trio.Event()
@@ -144,22 +133,11 @@ class TrioWaker:
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
         trio = self._trio
-        deadline = _perf() + grace
-        try:
-            with trio.CancelScope(shield=True):
-                while op.outcome is PENDING:
-                    remaining = deadline - _perf()
-                    if remaining <= 0:
-                        return
-                    event = op.waiter = trio.Event()
-                    op.parked = True
-                    if op.outcome is not PENDING:
-                        return
-                    with trio.move_on_after(min(LIVENESS_INTERVAL, remaining)):
-                        await event.wait()
-                    owner.check_alive()
-        finally:
-            op.parked = False
+        with trio.CancelScope(shield=True):
+            for timeout in _rounds(self, op, grace):
+                with trio.move_on_after(timeout):
+                    await op.waiter.wait()
+                owner.check_alive()
 
 
 def _set_event(op: Operation) -> None:
@@ -195,35 +173,33 @@ class ThreadWaker:
             owner.check_alive()
 
     def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
-        deadline = _perf() + grace
-        try:
-            while op.outcome is PENDING:
-                remaining = deadline - _perf()
-                if remaining <= 0:
-                    return
-                self.arm(op)
-                op.parked = True
-                if op.outcome is not PENDING:
-                    return
-                op.waiter.acquire(timeout=min(LIVENESS_INTERVAL, remaining))
-                owner.check_alive()
-        finally:
-            op.parked = False
+        for timeout in _rounds(self, op, grace):
+            op.waiter.acquire(timeout=timeout)
+            owner.check_alive()
 
 
-class NotWaiting:
-    """A stream nobody iterates yet: there is no caller to wake."""
+def _rounds(
+    waker: LoopWaker | TrioWaker | ThreadWaker, op: Operation, grace: float
+) -> Iterator[float]:
+    """The waits of ``wait_settled``: arm, raise the flag, re-check, then yield a timeout.
 
-    __slots__ = ()
+    Ends when the operation is settled or ``grace`` has passed.  The timeout is
+    at most the liveness interval, so each round can check the owner is alive.
+    """
+    deadline = _perf() + grace
+    try:
+        while op.outcome is PENDING:
+            remaining = deadline - _perf()
+            if remaining <= 0:
+                return
+            waker.arm(op)
+            op.parked = True
+            if op.outcome is not PENDING:
+                return
+            yield min(LIVENESS_INTERVAL, remaining)
+    finally:
+        op.parked = False
 
-    label = "nobody yet"
-    thread_id = None
-
-    def wake(self, op: Operation) -> None:
-        pass
-
-
-NOT_WAITING = NotWaiting()
 
 Waker = LoopWaker | TrioWaker | ThreadWaker | NotWaiting
 
