@@ -147,10 +147,18 @@ class Channel(Operation):
                 except BaseException:  # the owner is gone: die() ends the stream
                     pass
 
-    def end_unopened(self) -> None:
-        """Closed before the first item was asked for: nothing ran, nothing to count."""
+    def close_needed(self, started: bool) -> bool:
+        """A consumer closes: whether the owner side still runs and must be closed.
+
+        A stream closed before its first item was asked for is marked ended
+        here (nothing ran, so nothing is counted).
+        """
+        self.delivered()
+        if started and self.outcome is PENDING:
+            return True
         if self.outcome is PENDING:
             self.outcome = OK
+        return False
 
     def raise_end(self) -> None:
         if self.outcome is OK:
@@ -310,13 +318,9 @@ class RemoteStream(Generic[Y]):
 
     async def aclose(self) -> None:
         """Close the owner-side generator on the owner loop and wait for its cleanup."""
-        ch = self._ch
-        ch.delivered()
         waker = self._waker
-        if waker is None or ch.outcome is not PENDING:
-            ch.end_unopened()
-            return
-        await self._close_and_wait(waker, None)
+        if self._ch.close_needed(waker is not None) and waker is not None:
+            await self._close_and_wait(waker, None)
 
     async def asend(self, value: None) -> Y:
         if value is not None:
@@ -391,10 +395,8 @@ class BlockingStream(Generic[Y]):
     def close(self) -> None:
         """Close the owner-side generator on the owner loop; wait (bounded) for cleanup."""
         ch = self._ch
-        ch.delivered()
         waker = self._waker
-        if waker is None or ch.outcome is not PENDING:
-            ch.end_unopened()
+        if not ch.close_needed(waker is not None) or waker is None:
             return
         ch.opts.stats.stream_closed()
         ch.request_cancel(None)
