@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._errors import LoopAffinityError
-from ._operation import CANCELLED, ERROR, OK, PENDING, Operation, Options, Outcome
+from ._operation import CANCELLED, ERROR, OK, PENDING, Operation, Options
 from ._ownership import on_owner_thread
 from ._wakers import LoopWaker, TrioWaker, thread_waker
 
@@ -44,21 +44,11 @@ class Call(Operation):
 
     kind = "call"
 
-    def count_submitted(self) -> None:
-        self.opts.stats.submitted()
-
-    def count_outcome(self, outcome: Outcome) -> None:
-        self.opts.stats.finished(outcome)
-
     def on_settled(self) -> None:
         self.waker.wake(self)  # the caller always waits for its one outcome
 
-    def coroutine(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
-        return _run(self, loop)
-
-    def start_task(
-        self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
-    ) -> asyncio.Task[Any] | None:
+    def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
+        coro = _run(self, loop)
         if self.opts.eager and not NATIVE_EAGER:
             # Opt-in before 3.12: the first step runs here, without a task; only
             # a call that suspends gets one.
@@ -99,10 +89,9 @@ async def call_from_async(
     """Run ``fn(*args, **kwargs)`` on the owner loop; await it from the waker's
     asyncio loop or trio run."""
     call = Call(fn, args, kwargs, what, opts, waker)
-    waker.arm(call)
     call.submit()
     try:
-        await waker.park(call, call.owner)  # type: ignore[arg-type]
+        await waker.arm_and_park(call, call.owner)  # type: ignore[arg-type]
     except waker.cancelled as exc:
         await _cancelled_by_caller(call, waker, cancel_message(exc))
         raise

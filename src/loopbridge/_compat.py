@@ -32,10 +32,10 @@ __all__ = [
     "check_loop",
     "ready_queue",
     "THREAD_ID_ATTR",
+    "TASK_FACTORY_ATTR",
     "mark_coroutine_function",
     "HAS_NATIVE_EAGER",
     "HAS_TASK_CONTEXT",
-    "step_now",
     "thread_id_of",
 ]
 
@@ -114,6 +114,11 @@ else:
 THREAD_ID_ATTR = "_thread_id"
 
 
+#: Stock loops keep their task factory here (None: none set); reading it is one
+#: C-level getattr per task, where ``get_task_factory()`` is a Python call.
+TASK_FACTORY_ATTR = "_task_factory"
+
+
 def is_stock_loop(loop: object) -> bool:
     """A loop built on ``asyncio.BaseEventLoop`` (the stock selector/proactor loops)."""
     return isinstance(loop, asyncio.BaseEventLoop)
@@ -129,6 +134,11 @@ def check_loop(loop: object) -> None:
         "telling the owner loop's thread apart without a system call",
     )
     require(
+        hasattr(loop, TASK_FACTORY_ATTR),
+        f"BaseEventLoop.{TASK_FACTORY_ATTR}",
+        "starting owner-side tasks without a Python-level call per task",
+    )
+    require(
         isinstance(getattr(loop, "_ready", None), collections.deque),
         "BaseEventLoop._ready (a deque)",
         "deferring a wake-up while the posting loop has more ready work",
@@ -138,26 +148,6 @@ def check_loop(loop: object) -> None:
 def ready_queue(loop: object) -> collections.deque[Any] | None:
     """The ready queue of a stock loop (checked by :func:`check_loop`), else None."""
     return loop._ready if is_stock_loop(loop) else None  # type: ignore[attr-defined]
-
-
-def step_now(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-    """Run a just-created task's first step now instead of on the next iteration.
-
-    Python 3.11's ``Task()`` schedules its first step with ``call_soon``; this
-    takes that handle back off the stock loop's ready queue and runs it here, so
-    the task runs its first step current and in its own context, as 3.12's
-    ``eager_start`` does (a call that finishes at once answers in the same
-    iteration).  Only for stock loops without a task factory, on 3.11.
-    """
-    ready: collections.deque[Any] = loop._ready  # type: ignore[attr-defined]
-    handle = ready[-1] if ready else None
-    require(
-        getattr(getattr(handle, "_callback", None), "__self__", None) is task,
-        "asyncio.Task scheduling its first step as the last handle of loop._ready",
-        "starting an owner-side task in the iteration that receives the call",
-    )
-    ready.pop()
-    handle._run()  # type: ignore[union-attr]
 
 
 def thread_id_of(loop: object) -> int | None:

@@ -35,6 +35,7 @@ from ._operation import Outcome
 
 __all__ = [
     "Stats",
+    "Counters",
     "Histogram",
     "Totals",
     "BUCKETS",
@@ -313,6 +314,31 @@ class _Data:
         return t
 
 
+class Counters:
+    """The counters of one kind of operation (calls or streams), bumped with ``next()``.
+
+    The hot path bumps these directly (one C call each): submission on the
+    caller, the outcome where it is settled.
+    """
+
+    __slots__ = ("submitted", "ok", "errors", "cancelled")
+
+    def __init__(
+        self,
+        submitted: itertools.count[int],
+        ok: itertools.count[int],
+        errors: itertools.count[int],
+        cancelled: itertools.count[int],
+    ) -> None:
+        self.submitted = submitted
+        self.ok = ok
+        self.errors = errors
+        self.cancelled = cancelled
+
+    def outcome(self, outcome: Outcome) -> None:
+        next(self.ok if outcome is _OK else self.errors if outcome is _ERROR else self.cancelled)
+
+
 class Stats:
     """Counters and latency histograms of one loop-affine object.
 
@@ -321,8 +347,7 @@ class Stats:
     """
 
     __slots__ = (
-        "name", "_data", "_submitted", "_ok", "_errors", "_cancelled", "_caller_cancels",
-        "_opened", "_s_ok", "_s_errors", "_s_cancelled", "_s_closes", "_samples",
+        "name", "_data", "calls", "streams", "_caller_cancels", "_s_closes", "_samples",
         "_sizes", "__weakref__",
     )  # fmt: skip
 
@@ -330,10 +355,9 @@ class Stats:
         self.name = name
         d = self._data = _Data()
         # Direct references for the hot path (one attribute load, no indirection).
-        self._submitted, self._ok, self._errors = d.c_submitted, d.c_ok, d.c_errors
-        self._cancelled, self._caller_cancels = d.c_cancelled, d.c_caller_cancels
-        self._opened, self._s_ok, self._s_errors = d.s_opened, d.s_completed, d.s_errors
-        self._s_cancelled, self._s_closes = d.s_cancelled, d.s_closes
+        self.calls = Counters(d.c_submitted, d.c_ok, d.c_errors, d.c_cancelled)
+        self.streams = Counters(d.s_opened, d.s_completed, d.s_errors, d.s_cancelled)
+        self._caller_cancels, self._s_closes = d.c_caller_cancels, d.s_closes
         self._samples, self._sizes = d.samples, d.sizes
         ref = weakref.ref(self, _retire)
         _live[ref] = (name, d)
@@ -343,16 +367,11 @@ class Stats:
 
     # -- calls (any thread) -------------------------------------------------
     def submitted(self) -> None:
-        next(self._submitted)
+        next(self.calls.submitted)
 
     def finished(self, outcome: Outcome) -> None:
         """Count the outcome (owner side).  Latencies arrive with :meth:`returned`."""
-        if outcome is _OK:
-            next(self._ok)
-        elif outcome is _ERROR:
-            next(self._errors)
-        else:
-            next(self._cancelled)
+        self.calls.outcome(outcome)
 
     def returned(self, op: Any, t_return: float) -> None:
         """The caller received the outcome: record all three latencies at once."""
@@ -367,15 +386,14 @@ class Stats:
 
     # -- streams (any thread) -----------------------------------------------
     def stream_started(self) -> None:
-        next(self._opened)
+        next(self.streams.submitted)
 
     def stream_finished(self, outcome: Outcome, op: Any) -> None:
-        if outcome is _OK:
-            next(self._s_ok)
-        elif outcome is _ERROR:
-            next(self._s_errors)
-        else:
-            next(self._s_cancelled)
+        self.streams.outcome(outcome)
+        self.stream_admitted(op)
+
+    def stream_admitted(self, op: Any) -> None:
+        """A stream ended: record its admission latency (if it started)."""
         if op.t_start:
             # Admission only: a stream's lifetime is set by its consumer.
             self._samples.append((op.t_submit, op.t_start, 0.0, 0.0))

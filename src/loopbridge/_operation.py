@@ -29,14 +29,14 @@ import enum
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._diagnose import submission_site, tracing
 from ._ports import Port
 
 if TYPE_CHECKING:
-    from ._metrics import Stats
+    from ._metrics import Counters, Stats
     from ._ownership import Ownership
     from ._wakers import Waker
 
@@ -136,6 +136,7 @@ class Operation:
         "ctx",
         "what",
         "opts",
+        "counters",
         "owner",
         "outcome",
         "value",
@@ -143,7 +144,7 @@ class Operation:
         "cancel_msg",
         "task",
         "waker",
-        "waiter",
+        "waiter",  # what the caller parks on (a future, trio event or lock), set by arm()
         "parked",
         "t_submit",
         "t_start",
@@ -153,6 +154,7 @@ class Operation:
     )
 
     kind = "operation"
+    waiter: Any
 
     def __init__(
         self,
@@ -169,6 +171,7 @@ class Operation:
         self.ctx = contextvars.copy_context()
         self.what = what
         self.opts = opts
+        self.counters: Counters = opts.stats.calls  # a stream says streams
         self.owner: Port | None = None
         self.outcome = PENDING
         self.value: Any = None
@@ -176,8 +179,6 @@ class Operation:
         self.cancel_msg: str | None = None
         self.task: asyncio.Task[Any] | None = None
         self.waker = waker
-        # What the caller parks on (a future, a trio event or a lock: see _wakers).
-        self.waiter: Any = None
         self.parked = False
         self.t_submit = _perf()
         self.t_start = 0.0
@@ -185,33 +186,23 @@ class Operation:
         self.site = submission_site() if tracing.on else None
 
     # -- hooks -----------------------------------------------------------------
-    def count_submitted(self) -> None:
-        raise NotImplementedError
-
-    def count_outcome(self, outcome: Outcome) -> None:
-        raise NotImplementedError
-
     def on_settled(self) -> None:
         """Wake the caller if it needs waking (any thread)."""
         raise NotImplementedError
 
-    def coroutine(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
-        """The owner-side work, run in a task."""
-        raise NotImplementedError
-
-    def start_task(
-        self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
-    ) -> asyncio.Task[Any] | None:
+    def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
+        """Start the owner-side work (owner thread); its task, if it has one."""
         raise NotImplementedError
 
     # -- caller side -----------------------------------------------------------
     def submit(self) -> None:
         """Register with the owner's port and post the start (caller thread)."""
-        self.count_submitted()
+        counters = self.counters
+        next(counters.submitted)
         try:
             self.route()
         except BaseException:
-            self.count_outcome(ERROR)
+            next(counters.errors)
             raise
 
     def route(self) -> None:
@@ -249,8 +240,8 @@ class Operation:
         self.t_end = _perf()
         owner = self.owner
         if owner is not None:
-            owner.done(self)
-        self.count_outcome(outcome)
+            owner.inflight.pop(self, None)
+        self.counters.outcome(outcome)
         self.on_settled()
 
     def owner_died(self, exc: BaseException) -> None:
@@ -315,7 +306,7 @@ def start_on_owner(op: Operation) -> None:
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))
         return
     op.t_start = _perf()
-    op.task = op.start_task(loop, op.coroutine(loop))
+    op.task = op.launch(loop)
 
 
 def cancel_on_owner(op: Operation) -> None:

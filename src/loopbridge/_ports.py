@@ -38,7 +38,15 @@ from typing import Any, Protocol
 from ._compat import check_loop, counter_value, get_running_loop, ready_queue
 from ._errors import OwnerLoopClosed
 
-__all__ = ["Port", "InFlight", "port_for_loop", "running_port", "get_running_loop", "rearm"]
+__all__ = [
+    "Port",
+    "InFlight",
+    "PORT_ATTR",
+    "port_for_loop",
+    "running_port",
+    "get_running_loop",
+    "rearm",
+]
 
 #: How often waiting callers check that the owner loop is still alive (seconds).
 LIVENESS_INTERVAL = 0.05
@@ -289,7 +297,7 @@ def _fresh(exc: BaseException) -> BaseException:
     return type(exc)(*exc.args)
 
 
-_ATTR = "_loopbridge_port"
+_ATTR = PORT_ATTR = "_loopbridge_port"
 _registry_lock = threading.Lock()
 _ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
 _retired: weakref.WeakSet[Any] = weakref.WeakSet()

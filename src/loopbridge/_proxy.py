@@ -28,7 +28,7 @@ from ._ownership import (
     original,
     ownership_of,
 )
-from ._ports import get_running_loop, running_port
+from ._ports import get_running_loop
 from ._streams import BlockingStream, Channel, RemoteStream
 from ._trio import in_trio_run, trio_port
 from ._wakers import loop_waker, trio_waker
@@ -111,7 +111,7 @@ def _route(
         return _route_on_await(p, fn, args, kwargs, what)
     if loop is opts.own._loop:
         return fn(*args, **kwargs)  # same loop (the owner was not running when asked)
-    return call_from_async(loop_waker(running_port(loop)), opts, fn, args, kwargs, what)
+    return call_from_async(loop_waker(loop), opts, fn, args, kwargs, what)
 
 
 async def _route_on_await(

@@ -27,15 +27,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 from ._calls import cancel_message
 from ._eager import start_task
 from ._errors import LoopAffinityError
-from ._operation import CANCELLED, ERROR, OK, PENDING, REQUESTED, Operation, Outcome
+from ._operation import CANCELLED, ERROR, OK, PENDING, REQUESTED, Operation
 from ._ownership import on_owner_thread
-from ._ports import get_running_loop, running_port
+from ._ports import get_running_loop
 from ._wakers import LoopWaker, ThreadWaker, TrioWaker, loop_waker, thread_waker
 
 __all__ = ["RemoteStream", "BlockingStream", "Channel"]
@@ -68,6 +68,7 @@ class Channel(Operation):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # nobody to wake until iteration starts
+        self.counters = self.opts.stats.streams
         window = self.opts.window
         if window < 1:
             raise ValueError(f"stream window must be at least 1, not {window}")
@@ -85,24 +86,14 @@ class Channel(Operation):
         self.t_parked = 0.0
 
     # -- hooks -----------------------------------------------------------------
-    def count_submitted(self) -> None:
-        self.opts.stats.stream_started()
-
-    def count_outcome(self, outcome: Outcome) -> None:
-        self.opts.stats.stream_finished(outcome, self)
-
     def on_settled(self) -> None:
+        self.opts.stats.stream_admitted(self)
         if self.parked:
             self.parked = False
             self.waker.wake(self)
 
-    def coroutine(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
-        return _pump(self, loop)
-
-    def start_task(
-        self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
-    ) -> asyncio.Task[Any]:
-        return start_task(loop, coro, self.ctx)
+    def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any]:
+        return start_task(loop, _pump(self, loop), self.ctx)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -265,7 +256,7 @@ class RemoteStream(Generic[Y]):
         loop = get_running_loop()
         waker: LoopWaker | TrioWaker
         if loop is not None:
-            waker = loop_waker(running_port(loop))
+            waker = loop_waker(loop)
         else:
             from ._trio import in_trio_run, trio_port
             from ._wakers import trio_waker

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ._operation import PENDING, NotWaiting, Operation
-from ._ports import LIVENESS_INTERVAL, Port
+from ._ports import LIVENESS_INTERVAL, PORT_ATTR, Port, running_port
 
 if TYPE_CHECKING:
     import trio
@@ -77,10 +77,23 @@ class LoopWaker(_PortWaker):
     def wake(self, op: Operation) -> None:
         self.port.post(_resolve_future, op)
 
-    async def park(self, op: Operation, owner: Port) -> None:
+    def park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
+        """What to await (the waiter itself: no coroutine frame per call)."""
         # Liveness: one shared timer on this loop checks the owners its callers wait on.
         self.port.watch(owner)
-        await op.waiter
+        fut: asyncio.Future[None] = op.waiter
+        return fut
+
+    def arm_and_park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
+        """``arm`` then ``park``, for a waiter armed after submission.
+
+        Safe because a wake is posted to this loop and runs on this thread,
+        after the caller has armed.
+        """
+        self.port.watch(owner)
+        fut: asyncio.Future[None] = self.loop.create_future()
+        op.waiter = fut
+        return fut
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
@@ -122,6 +135,11 @@ class TrioWaker(_PortWaker):
 
     def wake(self, op: Operation) -> None:
         self.port.post(_set_event, op)
+
+    async def arm_and_park(self, op: Operation, owner: Port) -> None:
+        """``arm`` then ``park`` (a wake is posted to this run, after arming)."""
+        self.arm(op)
+        await self.park(op, owner)
 
     async def park(self, op: Operation, owner: Port) -> None:
         event: trio.Event = op.waiter
@@ -204,8 +222,11 @@ def _rounds(
 Waker = LoopWaker | TrioWaker | ThreadWaker | NotWaiting
 
 
-def loop_waker(port: Port) -> LoopWaker:
-    """The waker of the callers on ``port``'s asyncio loop (one per loop)."""
+def loop_waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:
+    """The waker of the callers on ``loop``, the running asyncio loop (one per loop)."""
+    port: Port | None = getattr(loop, PORT_ATTR, None)
+    if port is None or port.dead is not None:
+        port = running_port(loop)
     waker: LoopWaker | None = port.waker
     if waker is None:
         waker = port.waker = LoopWaker(port)

@@ -57,23 +57,6 @@ def test_a_stock_loop_without_its_thread_id_is_refused() -> None:
         loop.close()
 
 
-@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the 3.11 first-step shortcut only")
-def test_step_now_refuses_a_ready_queue_it_does_not_recognise() -> None:
-    loop = asyncio.new_event_loop()
-    try:
-
-        async def nothing() -> None:
-            pass
-
-        task = asyncio.Task(nothing(), loop=loop)
-        loop.call_soon(lambda: None)  # now the task's step is not the last handle
-        with pytest.raises(UnsupportedRuntime, match=r"loop._ready"):
-            _compat.step_now(loop, task)
-        loop.run_until_complete(task)
-    finally:
-        loop.close()
-
-
 def test_a_missing_internal_fails_at_import() -> None:
     code = "import asyncio; del asyncio._get_running_loop; import loopbridge"
     env = {**os.environ, "PYTHONPATH": str(SRC)}
