@@ -125,15 +125,24 @@ def _has_thread_id(loop: Any) -> bool:
 
 
 # "Is the owner loop the loop running on this thread?" -- the one test behind
-# the same-loop fast path of proxy members, the affinity check, and
-# on_owner_thread().  Generated wrappers inline it (a call would cost as much as
-# the test); on_owner_thread() is compiled from the same text.  On stock loops it
-# compares thread idents, which is cheaper than get_running_loop() (a getpid()
-# system call per use on 3.11).  Needs __lb_ident and __lb_grl in scope.
+# the affinity check, on_owner_thread() and the same-loop fast path of proxy
+# members.  Generated wrappers inline it (a call would cost as much as the
+# test); on_owner_thread() is compiled from the same text.  Needs __lb_ident
+# (threading.get_ident) and __lb_grl (get_running_loop) in scope.
+#
+# Two halves, so that proxy members can keep the running loop they look up:
+# ON_OWNER_THREAD compares thread idents on stock loops (cheaper than
+# get_running_loop(), a getpid() system call per use on 3.11); ON_OWNER_LOOP
+# compares a running loop ({loop}, evaluated once) with the owner's.  The
+# affinity check skips the second half on stock loops, where the first decides.
+ON_OWNER_THREAD = "({own}._tid_check and __lb_ident() == {own}._loop." + THREAD_ID_ATTR + ")"
+ON_OWNER_LOOP = "(({loop}) is {own}._loop and {own}._loop is not None)"
 ON_OWNER = (
-    "((__lb_ident() == {own}._loop."
-    + THREAD_ID_ATTR
-    + ") if {own}._tid_check else ({own}._loop is not None and __lb_grl() is {own}._loop))"
+    "("
+    + ON_OWNER_THREAD
+    + " or (not {own}._tid_check and "
+    + ON_OWNER_LOOP.replace("{loop}", "__lb_grl()")
+    + "))"
 )
 
 _get_ident = threading.get_ident

@@ -10,6 +10,7 @@ generated classes are cached per (class, declarations).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
@@ -20,7 +21,8 @@ from ._errors import LoopAffinityError
 from ._metrics import Stats
 from ._operation import Options
 from ._ownership import (
-    ON_OWNER,
+    ON_OWNER_LOOP,
+    ON_OWNER_THREAD,
     MemberKind,
     Ownership,
     classify,
@@ -64,10 +66,14 @@ def make({make_params}):
     def member({params}):
         __lb_own = {self}._lb_own
         if """
-    + ON_OWNER.format(own="__lb_own")
+    + ON_OWNER_THREAD.format(own="__lb_own")
+    + " or "
+    + ON_OWNER_LOOP.format(own="__lb_own", loop="__lb_loop := __lb_grl()")
     + """:
             return __lb_fn({self}._lb_target, {args})  # same loop: straight through
-        return __lb_route({self}, __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what)
+        return __lb_route(
+            {self}, __lb_loop, __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what
+        )
     return member
 """
 )
@@ -100,25 +106,29 @@ def _describe(
 
 
 def _route(
-    p: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+    p: Any,
+    loop: asyncio.AbstractEventLoop | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
 ) -> Any:
-    """Where a proxy member's call goes when this thread does not run the owner loop."""
-    opts: Options = p._lb_opts
-    loop = get_running_loop()
+    """A proxy member called off the owner loop, from ``loop`` (the running one)."""
     if loop is None:
         # No loop yet (the coroutine was made before asyncio.run, or under
         # trio): decide when it is awaited.
         return _route_on_await(p, fn, args, kwargs, what)
-    if loop is opts.own._loop:
-        return fn(*args, **kwargs)  # same loop (the owner was not running when asked)
-    return call_from_async(loop_waker(loop), opts, fn, args, kwargs, what)
+    return call_from_async(loop_waker(loop), p._lb_opts, fn, args, kwargs, what)
 
 
 async def _route_on_await(
     p: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
 ) -> Any:
-    if get_running_loop() is not None:
-        return await _route(p, fn, args, kwargs, what)
+    loop = get_running_loop()
+    if loop is not None:
+        if loop is p._lb_own._loop:
+            return await fn(*args, **kwargs)
+        return await _route(p, loop, fn, args, kwargs, what)
     if in_trio_run():
         return await call_from_async(trio_waker(trio_port()), p._lb_opts, fn, args, kwargs, what)
     raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
