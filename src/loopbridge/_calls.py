@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._errors import LoopAffinityError
-from ._operation import CANCELLED, ERROR, OK, PENDING, Operation, Options
+from ._operation import CANCELLED, OK, PENDING, Operation
 from ._ownership import on_owner_thread
 from ._wakers import LoopWaker, TrioWaker, thread_waker
 
@@ -59,12 +58,8 @@ class Call(Operation):
 async def _run(call: Call, loop: asyncio.AbstractEventLoop) -> None:
     try:
         result = await call.fn(*call.args, **call.kwargs)
-    except asyncio.CancelledError as exc:
-        call.cancelled_on_owner(exc, loop)
-        raise
     except BaseException as exc:
-        call.settle(ERROR, exc)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        if call.raised_on_owner(exc, loop):
             raise
     else:
         call.settle(OK, result)
@@ -78,17 +73,9 @@ def _returned(call: Call, t_return: float) -> Any:
 
 
 # ------------------------------------------------------------ the three callers
-async def call_from_async(
-    waker: LoopWaker | TrioWaker,
-    opts: Options,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    what: str,
-) -> Any:
-    """Run ``fn(*args, **kwargs)`` on the owner loop; await it from the waker's
-    asyncio loop or trio run."""
-    call = Call(fn, args, kwargs, what, opts, waker)
+async def call_from_async(call: Call, waker: LoopWaker | TrioWaker) -> Any:
+    """Run ``call`` on the owner loop; await it from the waker's asyncio loop or trio run."""
+    call.waker = waker
     call.submit()
     try:
         await waker.arm_and_park(call, call.owner)  # type: ignore[arg-type]
@@ -98,21 +85,15 @@ async def call_from_async(
     return _returned(call, _perf())
 
 
-def call_from_thread(
-    opts: Options,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    what: str,
-) -> Any:
-    """Blocking face: run on the owner loop, block this thread only."""
+def call_from_thread(call: Call) -> Any:
+    """Blocking face: run ``call`` on the owner loop, block this thread only."""
+    opts = call.opts
     if on_owner_thread(opts.own):
         raise LoopAffinityError(
-            f"blocking {what} on the owner loop's own thread would deadlock: "
+            f"blocking {call.what} on the owner loop's own thread would deadlock: "
             "await loopbridge.proxy(obj) instead"
         )
-    waker = thread_waker()
-    call = Call(fn, args, kwargs, what, opts, waker)
+    waker = call.waker = thread_waker()
     waker.arm(call)
     call.submit()
     try:

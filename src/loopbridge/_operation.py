@@ -274,17 +274,20 @@ class Operation:
         }
 
     # -- owner side ------------------------------------------------------------
-    def cancelled_on_owner(
-        self, exc: asyncio.CancelledError, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        """The owner-side task was cancelled (owner thread)."""
-        if self.cancel is REQUESTED:
-            self.settle(CANCELLED, exc)
-        else:
-            # Someone on the owner side cancelled, or the loop is shutting down.
-            # Decide one iteration later, when the port's keeper has seen a
-            # shutdown sweep if there is one.
-            loop.call_soon(owner_cancelled, self, exc)
+    def raised_on_owner(self, exc: BaseException, loop: asyncio.AbstractEventLoop) -> bool:
+        """The owner-side work raised ``exc`` (owner thread).  Returns whether
+        it must propagate out of the task (a cancel, an interrupt)."""
+        if isinstance(exc, asyncio.CancelledError):
+            if self.cancel is REQUESTED:
+                self.settle(CANCELLED, exc)
+            else:
+                # Someone on the owner side cancelled, or the loop is shutting
+                # down.  Decide one iteration later, when the port's keeper has
+                # seen a shutdown sweep if there is one.
+                loop.call_soon(owner_cancelled, self, exc)
+            return True
+        self.settle(ERROR, exc)
+        return isinstance(exc, (KeyboardInterrupt, SystemExit))
 
 
 def start_on_owner(op: Operation) -> None:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ._calls import call_from_async, call_from_thread
+from ._calls import Call, call_from_async, call_from_thread
 from ._codegen import build
 from ._errors import LoopAffinityError
 from ._metrics import Stats
@@ -118,7 +118,7 @@ def _route(
         # No loop yet (the coroutine was made before asyncio.run, or under
         # trio): decide when it is awaited.
         return _route_on_await(p, fn, args, kwargs, what)
-    return call_from_async(loop_waker(loop), p._lb_opts, fn, args, kwargs, what)
+    return call_from_async(Call(fn, args, kwargs, what, p._lb_opts), loop_waker(loop))
 
 
 async def _route_on_await(
@@ -130,7 +130,8 @@ async def _route_on_await(
             return await fn(*args, **kwargs)
         return await _route(p, loop, fn, args, kwargs, what)
     if in_trio_run():
-        return await call_from_async(trio_waker(trio_port()), p._lb_opts, fn, args, kwargs, what)
+        call = Call(fn, args, kwargs, what, p._lb_opts)
+        return await call_from_async(call, trio_waker(trio_port()))
     raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 
@@ -372,7 +373,7 @@ class Blocking(Generic[T]):
             what = f"{fn.__qualname__}()"
 
             def call(*args: Any, **kwargs: Any) -> Any:
-                return call_from_thread(opts, fn, (target, *args), kwargs, what)
+                return call_from_thread(Call(fn, (target, *args), kwargs, what, opts))
 
             member = call
         elif fn is not None and kind == "stream":

@@ -190,13 +190,10 @@ async def _pump(ch: Channel, loop: asyncio.AbstractEventLoop) -> None:
                 ch.producer_waiter = None
                 if ch.cancel is REQUESTED:
                     break
-    except asyncio.CancelledError as exc:
-        await _aclose_quietly(agen)
-        ch.cancelled_on_owner(exc, loop)
-        raise
     except BaseException as exc:
-        ch.settle(ERROR, exc)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        if isinstance(exc, asyncio.CancelledError):
+            await _aclose_quietly(agen)  # close it here, on the owner loop
+        if ch.raised_on_owner(exc, loop):
             raise
     else:
         # Ended normally or by a close request between items: close the generator
