@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._errors import LoopAffinityError
-from ._operation import CANCELLED, OK, PENDING, Operation
+from ._operation import CANCELLED, OK, PENDING, Operation, Options
 from ._ownership import on_owner_thread
 from ._wakers import LoopWaker, TrioWaker, thread_waker
 
@@ -73,9 +74,22 @@ def _returned(call: Call, t_return: float) -> Any:
 
 
 # ------------------------------------------------------------ the three callers
-async def call_from_async(call: Call, waker: LoopWaker | TrioWaker) -> Any:
-    """Run ``call`` on the owner loop; await it from the waker's asyncio loop or trio run."""
-    call.waker = waker
+async def call_from_async(
+    waker: LoopWaker | TrioWaker,
+    opts: Options,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` on the owner loop; await it from the waker's
+    asyncio loop or trio run.
+
+    The call is made when this coroutine first runs, not when it is created,
+    so it carries the context (and submission site) of whoever awaits it, as a
+    native coroutine would.
+    """
+    call = Call(fn, args, kwargs, what, opts, waker)
     call.submit()
     try:
         await waker.arm_and_park(call, call.owner)  # type: ignore[arg-type]

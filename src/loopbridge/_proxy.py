@@ -118,7 +118,7 @@ def _route(
         # No loop yet (the coroutine was made before asyncio.run, or under
         # trio): decide when it is awaited.
         return _route_on_await(p, fn, args, kwargs, what)
-    return call_from_async(Call(fn, args, kwargs, what, p._lb_opts), loop_waker(loop))
+    return call_from_async(loop_waker(loop), p._lb_opts, fn, args, kwargs, what)
 
 
 async def _route_on_await(
@@ -130,8 +130,7 @@ async def _route_on_await(
             return await fn(*args, **kwargs)
         return await _route(p, loop, fn, args, kwargs, what)
     if in_trio_run():
-        call = Call(fn, args, kwargs, what, p._lb_opts)
-        return await call_from_async(call, trio_waker(trio_port()))
+        return await call_from_async(trio_waker(trio_port()), p._lb_opts, fn, args, kwargs, what)
     raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 

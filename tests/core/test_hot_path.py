@@ -8,6 +8,7 @@ plain ``(*args, **kwargs)`` forwarding.  Each test runs both renderings.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from typing import Any
 
@@ -127,3 +128,29 @@ def test_on_owner_thread(owner: lb.LoopThread) -> None:
 
 async def ask_none(own: Any) -> bool:
     return _ownership.on_owner_thread(own)
+
+
+_where = contextvars.ContextVar("where", default="unset")
+
+
+@lb.loop_affine
+class Reader:
+    async def read(self) -> str:
+        return _where.get()
+
+
+def test_a_call_carries_the_context_of_whoever_awaits_it(owner: lb.LoopThread) -> None:
+    """As a native coroutine would: the context is taken when the call starts."""
+
+    async def make() -> Reader:
+        return Reader()
+
+    p = lb.proxy(owner.run(make))
+
+    async def main() -> str:
+        _where.set("when created")
+        coro = p.read()
+        _where.set("when awaited")
+        return await coro
+
+    assert asyncio.run(main()) == "when awaited"
