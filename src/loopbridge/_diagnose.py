@@ -22,7 +22,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import IO, Any, Union
 
-from ._ports import Port, _ports, _registry_lock
+from ._compat import thread_id_of
+from ._ports import Port, _ports, _registry_lock, thread_label
 
 __all__ = [
     "tracing",
@@ -122,11 +123,10 @@ def _await_chain(awaitable: Any, limit: int = 6) -> list[str]:
 
 def _owner_thread(port: Port, frames: dict[int, FrameType]) -> tuple[str | None, str | None]:
     """Name of the thread running the port's loop, and where it is right now."""
-    ident = getattr(port.loop, "_thread_id", None) or port.thread_id
+    ident = thread_id_of(port.loop) or port.thread_id
     if ident is None:
         return None, None
-    thread = threading._active.get(ident)  # type: ignore[attr-defined]
-    name = thread.name if thread is not None else f"thread {ident}"
+    name = thread_label(ident)
     frame = frames.get(ident)
     return name, (_where(frame) if frame is not None else None)
 

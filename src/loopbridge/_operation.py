@@ -27,13 +27,12 @@ import asyncio
 import contextvars
 import enum
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._diagnose import submission_site, tracing
-from ._ports import Port
+from ._ports import Port, thread_label
 
 if TYPE_CHECKING:
     from ._metrics import Counters, Stats
@@ -50,7 +49,6 @@ __all__ = [
     "cancel_on_owner",
     "owner_cancelled",
     "annotate",
-    "thread_label",
 ]
 
 _perf = time.perf_counter
@@ -101,14 +99,6 @@ def annotate(exc: BaseException, what: str, owner: Port) -> None:
         exc.add_note(note)
     else:  # pragma: no cover - 3.10
         exc.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined, unused-ignore]
-
-
-def thread_label(ident: int | None) -> str:
-    """A thread's name from its ident (public API: hang dumps only, not the hot path)."""
-    for thread in threading.enumerate():
-        if thread.ident == ident:
-            return thread.name
-    return f"thread {ident}"
 
 
 class NotWaiting:

@@ -46,6 +46,7 @@ __all__ = [
     "running_port",
     "get_running_loop",
     "rearm",
+    "thread_label",
 ]
 
 #: How often waiting callers check that the owner loop is still alive (seconds).
@@ -290,6 +291,14 @@ class Port:
             self.die(OwnerLoopClosed(f"{self.label} is shutting down"))
             return True
         return False
+
+
+def thread_label(ident: int | None) -> str:
+    """A thread's name from its ident (public API: hang dumps, not the hot path)."""
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return f"thread {ident}"
 
 
 def _fresh(exc: BaseException) -> BaseException:
