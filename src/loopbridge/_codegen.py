@@ -4,6 +4,11 @@ Forwarding through ``(self, *args, **kwargs)`` costs more than the work the
 wrappers do (the affinity check, the same-loop test of a proxy member): CPython
 must pack and unpack both containers.  So the wrappers are generated with the
 wrapped method's own parameter list and forward each argument by name.
+
+Each wrapper has one template.  A signature that can't be mirrored (a
+decorator's ``(*args, **kwargs)``, a builtin) renders the same template with
+plain forwarding (:data:`GENERIC`), so there is never a hand-written second copy
+of a wrapper to keep in step.
 """
 
 from __future__ import annotations
