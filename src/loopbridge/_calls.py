@@ -69,8 +69,9 @@ async def _run(call: Call, loop: asyncio.AbstractEventLoop) -> None:
 def _returned(call: Call, t_return: float) -> Any:
     # A call the owner side cancelled has no return latency: the caller resumes
     # through a cancel, as if it had been cancelled itself.
-    call.opts.stats.returned(call, t_return if call.outcome is not CANCELLED else 0.0)
-    return call.raise_outcome()
+    outcome = call.outcome
+    call.opts.stats.returned(call, t_return if outcome is not CANCELLED else 0.0)
+    return call.value if outcome is OK else call.raise_outcome()
 
 
 # ------------------------------------------------------------ the three callers

@@ -314,7 +314,7 @@ class Counters:
     """The counters of one kind of operation (calls or streams), bumped with ``next()``.
 
     The hot path bumps these directly (one C call each): submission on the
-    caller, the outcome where it is settled.
+    caller, the outcome where it is settled (``Operation.settle``).
     """
 
     __slots__ = ("submitted", "ok", "errors", "cancelled")
@@ -330,9 +330,6 @@ class Counters:
         self.ok = ok
         self.errors = errors
         self.cancelled = cancelled
-
-    def outcome(self, outcome: Outcome) -> None:
-        next(self.ok if outcome is _OK else self.errors if outcome is _ERROR else self.cancelled)
 
 
 class Stats:
@@ -362,13 +359,6 @@ class Stats:
         return f"<loopbridge Stats of {self.name}>"
 
     # -- calls (any thread) -------------------------------------------------
-    def submitted(self) -> None:
-        next(self.calls.submitted)
-
-    def finished(self, outcome: Outcome) -> None:
-        """Count the outcome (owner side).  Latencies arrive with :meth:`returned`."""
-        self.calls.outcome(outcome)
-
     def returned(self, op: Any, t_return: float) -> None:
         """The caller received the outcome: record all three latencies at once."""
         if op.t_start:
@@ -381,13 +371,6 @@ class Stats:
         next(self._caller_cancels)
 
     # -- streams (any thread) -----------------------------------------------
-    def stream_started(self) -> None:
-        next(self.streams.submitted)
-
-    def stream_finished(self, outcome: Outcome, op: Any) -> None:
-        self.streams.outcome(outcome)
-        self.stream_admitted(op)
-
     def stream_admitted(self, op: Any) -> None:
         """A stream ended: record its admission latency (if it started)."""
         if op.t_start:

@@ -231,7 +231,8 @@ class Operation:
         owner = self.owner
         if owner is not None:
             owner.inflight.pop(self, None)
-        self.counters.outcome(outcome)
+        c = self.counters
+        next(c.ok if outcome is OK else c.errors if outcome is ERROR else c.cancelled)
         self.on_settled()
 
     def owner_died(self, exc: BaseException) -> None:
@@ -287,7 +288,7 @@ def start_on_owner(op: Operation) -> None:
     if op.outcome is not PENDING:
         return
     loop: asyncio.AbstractEventLoop = owner.loop
-    if op.opts.own.loop is not loop:
+    if op.opts.own._loop is not loop:
         # Ownership moved after this operation was submitted: follow it.
         owner.done(op)
         try:

@@ -82,7 +82,7 @@ class Port:
         "ran",
         "_stopped_checks",
         "_keeper",
-        "_watched",
+        "watched",
         "_watch_handle",
         "thread_id",
         "_wakes",
@@ -112,7 +112,8 @@ class Port:
         self._stopped_checks = 0
         self._keeper: asyncio.Task[None] | None = None
         # Owner ports that callers on *this* loop are waiting on.
-        self._watched: set[Port] = set()
+        # Non-empty exactly while a check of them is scheduled (loop thread only).
+        self.watched: set[Port] = set()
         self._watch_handle: asyncio.TimerHandle | None = None
         # The thread seen running this loop (for hang dumps; uvloop has no _thread_id).
         self.thread_id: int | None = None
@@ -241,13 +242,13 @@ class Port:
         that the owner is alive; that is how a caller notices an owner loop
         that was stopped without cancelling its tasks.
         """
-        self._watched.add(owner)
+        self.watched.add(owner)
         if self._watch_handle is None:
             self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
 
     def _check_watched(self) -> None:
         self._watch_handle = None
-        watched = self._watched
+        watched = self.watched
         for owner in list(watched):
             if not owner.inflight or not owner.check_alive():
                 watched.discard(owner)

@@ -90,7 +90,9 @@ class LoopWaker(_PortWaker):
         Safe because a wake is posted to this loop and runs on this thread,
         after the caller has armed.
         """
-        self.port.watch(owner)
+        port = self.port
+        if owner not in port.watched:  # watched means a check is scheduled
+            port.watch(owner)
         fut: asyncio.Future[None] = self.loop.create_future()
         op.waiter = fut
         return fut
