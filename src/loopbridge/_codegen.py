@@ -4,6 +4,11 @@ Forwarding through ``(self, *args, **kwargs)`` costs more than the work the
 wrappers do (the affinity check, the same-loop test of a proxy member): CPython
 must pack and unpack both containers.  So the wrappers are generated with the
 wrapped method's own parameter list and forward each argument by name.
+
+Each wrapper has one template.  A signature that can't be mirrored (a
+decorator's ``(*args, **kwargs)``, a builtin) renders the same template with
+plain forwarding (:data:`GENERIC`), so there is never a hand-written second copy
+of a wrapper to keep in step.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Forwarding", "forwarding", "build"]
+__all__ = ["Forwarding", "forwarding", "GENERIC", "build", "compile_function"]
 
 
 @dataclass(frozen=True)
@@ -85,14 +90,42 @@ def forwarding(fn: Callable[..., Any]) -> Forwarding:
     )
 
 
-def build(template: str, fn: Callable[..., Any], label: str, **env: Any) -> Callable[..., Any]:
+#: The rendering for callables whose signature can't be mirrored (a decorator's
+#: ``(*args, **kwargs)``, a builtin): plain forwarding, same template.
+GENERIC = Forwarding(
+    params="__lb_self, /, *__lb_args, **__lb_kwargs",
+    self_name="__lb_self",
+    args="*__lb_args, **__lb_kwargs",
+    positional="*__lb_args, ",
+    keywords="__lb_kwargs",
+    defaults={},
+)
+
+
+def build(
+    template: str, fn: Callable[..., Any], label: str, *, generic: bool = False, **env: Any
+) -> Callable[..., Any]:
     """Compile ``template`` for ``fn`` and return the wrapper ``make(**env)`` returns.
 
     The template defines ``make(<env names>, <default names>)`` and may use the
     fields of :class:`Forwarding` as ``{params}``, ``{self}``, ``{args}``,
-    ``{positional}`` and ``{keywords}``.
+    ``{positional}`` and ``{keywords}``.  It is rendered with ``fn``'s own
+    signature, or with :data:`GENERIC` when that can't be mirrored (or when
+    ``generic`` asks for it): one template, so both wrappers run the same code.
     """
-    fw = forwarding(fn)
+    fw = GENERIC
+    if not generic:
+        try:
+            fw = forwarding(fn)
+            return _render(template, fn, label, fw, env)
+        except (TypeError, ValueError, SyntaxError):  # e.g. a decorator's (*args, **kwargs)
+            fw = GENERIC
+    return _render(template, fn, label, fw, env)
+
+
+def _render(
+    template: str, fn: Callable[..., Any], label: str, fw: Forwarding, env: dict[str, Any]
+) -> Callable[..., Any]:
     names = [*env, *fw.defaults]
     src = template.format(
         make_params=", ".join(names),
@@ -102,7 +135,15 @@ def build(template: str, fn: Callable[..., Any], label: str, **env: Any) -> Call
         positional=fw.positional,
         keywords=fw.keywords,
     )
-    ns: dict[str, Any] = {}
-    exec(compile(src, f"<loopbridge {label} of {fn.__qualname__}>", "exec"), ns)
-    made: Callable[..., Any] = ns["make"](**env, **fw.defaults)
+    made: Callable[..., Any] = compile_function(src, f"{label} of {fn.__qualname__}", "make")(
+        **env, **fw.defaults
+    )
     return made
+
+
+def compile_function(src: str, label: str, name: str) -> Callable[..., Any]:
+    """Compile ``src`` and return the function it defines as ``name``."""
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<loopbridge {label}>", "exec"), ns)
+    fn: Callable[..., Any] = ns[name]
+    return fn

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import IO, Any
 
+from ._compat import thread_id_of
 from ._labels import thread_name
 from ._ports import Port, _ports, _registry_lock
 
@@ -123,7 +124,7 @@ def _await_chain(awaitable: Any, limit: int = 6) -> list[str]:
 
 def _owner_thread(port: Port, frames: dict[int, FrameType]) -> tuple[str | None, str | None]:
     """Name of the thread running the port's loop, and where it is right now."""
-    ident = getattr(port.loop, "_thread_id", None) or port.thread_id
+    ident = thread_id_of(port.loop) or port.thread_id
     if ident is None:
         return None, None
     name = thread_name(ident)

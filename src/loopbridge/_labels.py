@@ -7,7 +7,7 @@ and a Prometheus label is recognisably the same loop: ``"<library> loop
 
 from __future__ import annotations
 
-import threading
+from ._compat import live_thread
 
 __all__ = ["loop_label", "thread_name"]
 
@@ -18,12 +18,7 @@ def loop_label(loop: object) -> str:
     return f"{library} loop 0x{id(loop):x}"
 
 
-def thread_name(ident: int) -> str:
-    """The name of the live thread ``ident``, or ``"thread <ident>"``.
-
-    Reads the interpreter's table of live threads without its lock:
-    ``threading.enumerate()`` takes that lock, and a hang dump run from a
-    signal handler could interrupt the very thread that holds it.
-    """
-    thread = threading._active.get(ident)  # type: ignore[attr-defined]
+def thread_name(ident: int | None) -> str:
+    """The name of the live thread ``ident``, or ``"thread <ident>"``."""
+    thread = live_thread(ident) if ident is not None else None
     return thread.name if thread is not None else f"thread {ident}"

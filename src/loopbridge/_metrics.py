@@ -27,13 +27,19 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from bisect import bisect_left
 from collections import deque
+from itertools import compress
+from operator import sub as _sub
 from typing import Any
 
+from ._compat import counter_value as _value
 from ._construction import NoPublicConstructor
+from ._operation import Outcome
 
 __all__ = [
     "Metrics",
+    "Counters",
     "Histogram",
     "Totals",
     "BUCKETS",
@@ -42,7 +48,7 @@ __all__ = [
     "totals_by_name",
 ]
 
-_OK, _ERROR, _CANCELLED = 1, 2, 3
+_OK, _ERROR = Outcome.OK, Outcome.ERROR
 
 #: Upper bounds (seconds) of latency buckets: 1 µs, 2 µs, 4 µs ... ~134 s, then +Inf.
 BUCKETS: tuple[float, ...] = tuple(2.0**i / 1e6 for i in range(28))
@@ -54,11 +60,6 @@ _FOLD_AT = 2048
 #: Counter names, in the order a reader must take them (see Totals.read).
 _CALL_KEYS = ("ok", "errors", "cancelled", "caller_cancels", "submitted")
 _STREAM_KEYS = ("completed", "errors", "cancelled", "consumer_closes", "opened", "items", "wakeups")
-
-
-def _value(counter: itertools.count[int]) -> int:
-    """Current value of an ``itertools.count`` without advancing it."""
-    return int(repr(counter)[6:-1])
 
 
 class Histogram:
@@ -209,48 +210,41 @@ def _fold_latencies(
     run: Histogram,
     returned: Histogram,
 ) -> None:
-    """The hot part of folding, inlined: about 0.25 µs per sample instead of
-    three ``observe()`` calls."""
-    ac, rc, tc = admission.counts, run.counts, returned.counts
-    a_sum = r_sum = t_sum = 0.0
-    a_n = r_n = t_n = 0
-    a_max, r_max, t_max = admission.max, run.max, returned.max
-    nb = _NB
+    """Fold a batch of samples with C-level loops (``zip``, ``map``, ``compress``, ``sort``).
+
+    About 0.15 µs per sample, where a Python loop over the samples cost 0.36 µs:
+    this runs once per 2048 calls on the hot path, so per call it is the part
+    of the metrics that matters.  A zero ``t_end`` (streams) or ``t_return``
+    (a call that did not return) means no run or return latency.
+    """
     pop = samples.popleft
-    for _ in range(len(samples)):
-        t_submit, t_start, t_end, t_return = pop()
-        d = t_start - t_submit
-        i = int(d * 1e6).bit_length()
-        ac[i if i < nb else nb] += 1
-        a_sum += d
-        a_n += 1
-        if d > a_max:
-            a_max = d
-        if t_end:
-            d = t_end - t_start
-            i = int(d * 1e6).bit_length()
-            rc[i if i < nb else nb] += 1
-            r_sum += d
-            r_n += 1
-            if d > r_max:
-                r_max = d
-            if t_return:
-                d = t_return - t_end
-                i = int(d * 1e6).bit_length()
-                tc[i if i < nb else nb] += 1
-                t_sum += d
-                t_n += 1
-                if d > t_max:
-                    t_max = d
-    admission.total += a_sum
-    admission.n += a_n
-    admission.max = a_max
-    run.total += r_sum
-    run.n += r_n
-    run.max = r_max
-    returned.total += t_sum
-    returned.n += t_n
-    returned.max = t_max
+    batch = [pop() for _ in range(len(samples))]  # concurrent appends stay for the next fold
+    if not batch:
+        return
+    t_submit, t_start, t_end, t_return = zip(*batch)
+    _observe_all(admission, list(map(_sub, t_start, t_submit)))
+    _observe_all(run, list(compress(map(_sub, t_end, t_start), t_end)))
+    _observe_all(returned, list(compress(map(_sub, t_return, t_end), t_return)))
+
+
+def _observe_all(h: Histogram, values: list[float]) -> None:
+    """``h.observe(v)`` for each latency in ``values``, in bulk (same buckets)."""
+    if not values:
+        return
+    h.total += sum(values)  # before sorting: the same summation order as one by one
+    h.n += len(values)
+    values.sort()
+    if values[-1] > h.max:
+        h.max = values[-1]
+    # Bucket i holds BUCKETS[i-1] <= v < BUCKETS[i] (Histogram.observe's
+    # int(v * 1e6).bit_length()): count them with one bisection per bound.
+    counts = h.counts
+    below = 0
+    for i, bound in enumerate(BUCKETS):
+        upto = bisect_left(values, bound)
+        counts[i] += upto - below
+        below = upto
+    counts[_NB] += len(values) - below
 
 
 class _Data:
@@ -317,6 +311,28 @@ class _Data:
         return t
 
 
+class Counters:
+    """The counters of one kind of operation (calls or streams), bumped with ``next()``.
+
+    The hot path bumps these directly (one C call each): submission on the
+    caller, the outcome where it is settled (``Operation.settle``).
+    """
+
+    __slots__ = ("submitted", "ok", "errors", "cancelled")
+
+    def __init__(
+        self,
+        submitted: itertools.count[int],
+        ok: itertools.count[int],
+        errors: itertools.count[int],
+        cancelled: itertools.count[int],
+    ) -> None:
+        self.submitted = submitted
+        self.ok = ok
+        self.errors = errors
+        self.cancelled = cancelled
+
+
 class Metrics(metaclass=NoPublicConstructor):
     """Counters and latency histograms of one loop-affine object.
 
@@ -326,8 +342,7 @@ class Metrics(metaclass=NoPublicConstructor):
     """
 
     __slots__ = (
-        "name", "_data", "_submitted", "_ok", "_errors", "_cancelled", "_caller_cancels",
-        "_opened", "_s_ok", "_s_errors", "_s_cancelled", "_s_closes", "_samples",
+        "name", "_data", "calls", "streams", "_caller_cancels", "_s_closes", "_samples",
         "_sizes", "__weakref__",
     )  # fmt: skip
     _lb_factory = "loopbridge.metrics.metrics_of(proxy)"
@@ -336,10 +351,9 @@ class Metrics(metaclass=NoPublicConstructor):
         self.name = name
         d = self._data = _Data()
         # Direct references for the hot path (one attribute load, no indirection).
-        self._submitted, self._ok, self._errors = d.c_submitted, d.c_ok, d.c_errors
-        self._cancelled, self._caller_cancels = d.c_cancelled, d.c_caller_cancels
-        self._opened, self._s_ok, self._s_errors = d.s_opened, d.s_completed, d.s_errors
-        self._s_cancelled, self._s_closes = d.s_cancelled, d.s_closes
+        self.calls = Counters(d.c_submitted, d.c_ok, d.c_errors, d.c_cancelled)
+        self.streams = Counters(d.s_opened, d.s_completed, d.s_errors, d.s_cancelled)
+        self._caller_cancels, self._s_closes = d.c_caller_cancels, d.s_closes
         self._samples, self._sizes = d.samples, d.sizes
         ref = weakref.ref(self, _retire)
         _live[ref] = (name, d)
@@ -348,18 +362,6 @@ class Metrics(metaclass=NoPublicConstructor):
         return f"<loopbridge metrics of {self.name}>"
 
     # -- calls (any thread) -------------------------------------------------
-    def submitted(self) -> None:
-        next(self._submitted)
-
-    def finished(self, state: int, op: Any) -> None:
-        """Count the outcome (owner side).  Latencies arrive with :meth:`returned`."""
-        if state == _OK:
-            next(self._ok)
-        elif state == _ERROR:
-            next(self._errors)
-        else:
-            next(self._cancelled)
-
     def returned(self, op: Any, t_return: float) -> None:
         """The caller received the outcome: record all three latencies at once."""
         if op.t_start:
@@ -372,16 +374,8 @@ class Metrics(metaclass=NoPublicConstructor):
         next(self._caller_cancels)
 
     # -- streams (any thread) -----------------------------------------------
-    def stream_started(self) -> None:
-        next(self._opened)
-
-    def stream_finished(self, state: int, op: Any) -> None:
-        if state == _OK:
-            next(self._s_ok)
-        elif state == _ERROR:
-            next(self._s_errors)
-        else:
-            next(self._s_cancelled)
+    def stream_admitted(self, op: Any) -> None:
+        """A stream ended: record its admission latency (if it started)."""
         if op.t_start:
             # Admission only: a stream's lifetime is set by its consumer.
             self._samples.append((op.t_submit, op.t_start, 0.0, 0.0))

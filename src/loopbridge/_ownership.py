@@ -21,10 +21,11 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
-from ._codegen import build
+from ._codegen import build, compile_function
+from ._compat import THREAD_ID_ATTR, get_running_loop, is_stock_loop, mark_coroutine_function
 from ._errors import LoopAffinityError, OwnerLoopClosed
 from ._metrics import Metrics
-from ._ports import Port, get_running_loop, port_for_loop, rearm
+from ._ports import Port, port_for_loop, rearm
 
 __all__ = [
     "Ownership",
@@ -119,26 +120,43 @@ class Ownership:
 
 
 def _has_thread_id(loop: Any) -> bool:
-    """Stock asyncio loops set ``_thread_id`` exactly while they run.
-
-    So ``loop._thread_id == threading.get_ident()`` answers "is this loop the
-    one running on this thread" without ``get_running_loop()``, which makes a
-    ``getpid()`` system call on every use on CPython 3.11.
-    """
-    return isinstance(loop, asyncio.BaseEventLoop)
+    """Stock asyncio loops hold the ident of the thread running them (see _compat)."""
+    return is_stock_loop(loop)
 
 
-def on_owner_thread(own: Ownership) -> bool:
-    """True when the owner loop is the loop running on this thread."""
-    loop = own._loop
-    if loop is None:
-        return False
-    if own._tid_check:
-        return loop._thread_id == _get_ident()  # type: ignore[attr-defined, no-any-return]
-    return get_running_loop() is loop
-
+# "Is the owner loop the loop running on this thread?" -- the one test behind
+# the affinity check, on_owner_thread() and the same-loop fast path of proxy
+# members.  Generated wrappers inline it (a call would cost as much as the
+# test); on_owner_thread() is compiled from the same text.  Needs __lb_ident
+# (threading.get_ident) and __lb_grl (get_running_loop) in scope.
+#
+# Two halves, so that proxy members can keep the running loop they look up:
+# ON_OWNER_THREAD compares thread idents on stock loops (cheaper than
+# get_running_loop(), a getpid() system call per use on 3.11); ON_OWNER_LOOP
+# compares a running loop ({loop}, evaluated once) with the owner's.  The
+# affinity check skips the second half on stock loops, where the first decides.
+ON_OWNER_THREAD = "({own}._tid_check and __lb_ident() == {own}._loop." + THREAD_ID_ATTR + ")"
+ON_OWNER_LOOP = "(({loop}) is {own}._loop and {own}._loop is not None)"
+ON_OWNER = (
+    "("
+    + ON_OWNER_THREAD
+    + " or (not {own}._tid_check and "
+    + ON_OWNER_LOOP.replace("{loop}", "__lb_grl()")
+    + "))"
+)
 
 _get_ident = threading.get_ident
+
+on_owner_thread: Callable[[Ownership], bool] = compile_function(
+    "def make(__lb_ident, __lb_grl):\n"
+    "    def on_owner_thread(own):\n"
+    f"        return {ON_OWNER.format(own='own')}\n"
+    "    return on_owner_thread\n",
+    "on_owner_thread",
+    "make",
+)(_get_ident, get_running_loop)
+on_owner_thread.__doc__ = "True when the owner loop is the loop running on this thread."
+
 
 # --------------------------------------------------------------------- lookup
 _foreign: weakref.WeakKeyDictionary[Any, Ownership] = weakref.WeakKeyDictionary()
@@ -337,26 +355,30 @@ def _affinity_violation(self: Any, fn: Callable[..., Any], loop: Any, owner: Any
 def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap an async member so direct use from a foreign loop is caught at the call site.
 
-    The wrapper has the member's exact signature (``*args, **kwargs`` forwarding
-    costs more than the check itself) and tests the owner's thread first; only
-    off the owner thread does it look up the running loop.
+    The wrapper has the member's exact signature where it can be mirrored
+    (``*args, **kwargs`` forwarding costs more than the check itself) and
+    inlines :data:`ON_OWNER`; only off the owner's loop does it call the slow
+    half, :func:`_check`.
     """
-    try:
-        guarded = _exact_wrapper(fn)
-    except (TypeError, ValueError, SyntaxError):  # e.g. a decorator's (*args, **kwargs)
-        guarded = _generic_wrapper(fn)
+    guarded = build(
+        _GUARD,
+        fn,
+        "check",
+        __lb_fn=fn,
+        __lb_check=_check,
+        __lb_ident=_get_ident,
+        __lb_grl=get_running_loop,
+        __lb_key=_ATTR,
+    )
     functools.update_wrapper(guarded, fn)
     setattr(guarded, _ORIGINAL, fn)
-    mark = getattr(inspect, "markcoroutinefunction", None)
-    if mark is not None and inspect.iscoroutinefunction(fn):
-        mark(guarded)
-    elif inspect.iscoroutinefunction(fn):
-        guarded._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+    if inspect.iscoroutinefunction(fn):
+        mark_coroutine_function(guarded)
     return guarded
 
 
 def _check(self: Any, fn: Callable[..., Any]) -> None:
-    """The slow half of the check: we are not on the owner's thread."""
+    """The slow half of the check: this thread does not run the owner loop."""
     own = self.__dict__.get(_ATTR)
     if own is None:
         return
@@ -368,33 +390,19 @@ def _check(self: Any, fn: Callable[..., Any]) -> None:
         _affinity_violation(self, fn, loop, owner)
 
 
-def _generic_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        own = self.__dict__.get(_ATTR)
-        if own is not None and not (own._tid_check and own._loop._thread_id == _get_ident()):
-            _check(self, fn)
-        return fn(self, *args, **kwargs)
-
-    return guarded
-
-
-_GUARD = """
+_GUARD = (
+    """
 def make({make_params}):
     def guarded({params}):
         __lb_own = {self}.__dict__.get(__lb_key)
-        if __lb_own is not None and not (
-            __lb_own._tid_check and __lb_own._loop._thread_id == __lb_ident()
-        ):
+        if __lb_own is not None and not """
+    + ON_OWNER.format(own="__lb_own")
+    + """:
             __lb_check({self}, __lb_fn)
         return __lb_fn({self}, {args})
     return guarded
 """
-
-
-def _exact_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return build(
-        _GUARD, fn, "check", __lb_fn=fn, __lb_check=_check, __lb_ident=_get_ident, __lb_key=_ATTR
-    )
+)
 
 
 def original(fn: Any) -> Any:

@@ -35,13 +35,19 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ._compat import check_loop, counter_value, get_running_loop, ready_queue
 from ._errors import OwnerLoopClosed
 from ._labels import loop_label as _loop_label
 
-__all__ = ["Port", "InFlight", "port_for_loop", "running_port", "get_running_loop", "rearm"]
-
-# C-accelerated and returns None instead of raising: the cheapest "which loop am I on".
-get_running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_running_loop
+__all__ = [
+    "Port",
+    "InFlight",
+    "PORT_ATTR",
+    "port_for_loop",
+    "running_port",
+    "get_running_loop",
+    "rearm",
+]
 
 #: How often waiting callers check that the owner loop is still alive (seconds).
 LIVENESS_INTERVAL = 0.05
@@ -76,10 +82,11 @@ class Port:
         "ran",
         "_stopped_checks",
         "_keeper",
-        "_watched",
+        "watched",
         "_watch_handle",
         "thread_id",
         "_wakes",
+        "waker",
         "__weakref__",
     )
 
@@ -96,7 +103,7 @@ class Port:
         self._schedule_threadsafe = schedule_threadsafe
         # Stock asyncio exposes its ready queue; its length tells whether the
         # loop has more work in this iteration (then deferring a wake pays).
-        self._ready: deque[Any] | None = getattr(loop, "_ready", None)
+        self._ready: deque[Any] | None = ready_queue(loop)
         self._outgoing: list[Port] = []
         self._flush_pending = False
         self.inflight: dict[InFlight, None] = {}
@@ -105,11 +112,14 @@ class Port:
         self._stopped_checks = 0
         self._keeper: asyncio.Task[None] | None = None
         # Owner ports that callers on *this* loop are waiting on.
-        self._watched: set[Port] = set()
+        # Non-empty exactly while a check of them is scheduled (loop thread only).
+        self.watched: set[Port] = set()
         self._watch_handle: asyncio.TimerHandle | None = None
         # The thread seen running this loop (for hang dumps; uvloop has no _thread_id).
         self.thread_id: int | None = None
         self._wakes = itertools.count()  # exact from any thread
+        # How callers on this loop wait (see _wakers); made on first use.
+        self.waker: Any = None
 
     def __repr__(self) -> str:
         return f"<Port {self.label}{' dead' if self.dead else ''}>"
@@ -145,7 +155,7 @@ class Port:
     @property
     def wakeups(self) -> int:
         """Cross-thread wake-ups sent to this loop so far."""
-        return int(repr(self._wakes)[6:-1])
+        return counter_value(self._wakes)
 
     def _send_wake(self) -> None:
         next(self._wakes)
@@ -232,13 +242,13 @@ class Port:
         that the owner is alive; that is how a caller notices an owner loop
         that was stopped without cancelling its tasks.
         """
-        self._watched.add(owner)
+        self.watched.add(owner)
         if self._watch_handle is None:
             self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
 
     def _check_watched(self) -> None:
         self._watch_handle = None
-        watched = self._watched
+        watched = self.watched
         for owner in list(watched):
             if not owner.inflight or not owner.check_alive():
                 watched.discard(owner)
@@ -289,7 +299,7 @@ def _fresh(exc: BaseException) -> BaseException:
     return type(exc)(*exc.args)
 
 
-_ATTR = "_loopbridge_port"
+_ATTR = PORT_ATTR = "_loopbridge_port"
 _registry_lock = threading.Lock()
 _ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
 _retired: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -310,6 +320,7 @@ def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
         return port
     if loop.is_closed():
         raise OwnerLoopClosed(f"{_loop_label(loop)} is closed")
+    check_loop(loop)
     if loop in _retired:
         raise OwnerLoopClosed(f"{_loop_label(loop)} is shutting down")
     with _registry_lock:

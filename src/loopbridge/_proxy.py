@@ -10,21 +10,31 @@ generated classes are cached per (class, declarations).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ._calls import call_from_loop, call_from_thread, call_from_trio
+from ._calls import Call, call_from_async, call_from_thread
 from ._codegen import build
 from ._construction import NoPublicConstructor
 from ._errors import LoopAffinityError
 from ._metrics import Metrics
-from ._ownership import MemberKind, Ownership, classify, original, ownership_of
+from ._operation import Options
+from ._ownership import (
+    ON_OWNER_LOOP,
+    ON_OWNER_THREAD,
+    MemberKind,
+    Ownership,
+    classify,
+    on_owner_thread,
+    original,
+    ownership_of,
+)
 from ._ports import get_running_loop
-
-get_ident = threading.get_ident
 from ._streams import BlockingStream, Channel, RemoteStream
-from ._trio import current_library
+from ._trio import in_trio_run, trio_port
+from ._wakers import loop_waker, trio_waker
 
 __all__ = [
     "proxy",
@@ -42,61 +52,46 @@ T = TypeVar("T")
 DEFAULT_WINDOW = 256
 DEFAULT_GRACE = 5.0
 
-_SLOTS = ("_lb_target", "_lb_own", "_lb_window", "_lb_grace", "_lb_stats", "_lb_eager")
+# The owner (for the same-loop test, read on every call) and the settings
+# every call and stream made through this proxy share.
+_SLOTS = ("_lb_target", "_lb_own", "_lb_opts")
 
 
 # ------------------------------------------------------------ member factories
-_ASYNC_MEMBER = """
+# One definition of a proxy member, rendered with the method's own signature or,
+# when that can't be mirrored, with plain (*args, **kwargs) forwarding: on the
+# owner loop it calls straight through; anywhere else _route decides.
+_ASYNC_MEMBER = (
+    """
 def make({make_params}):
     def member({params}):
         __lb_own = {self}._lb_own
-        __lb_loop = __lb_own._loop
-        if __lb_own._tid_check and __lb_loop._thread_id == __lb_ident():
+        if """
+    + ON_OWNER_THREAD.format(own="__lb_own")
+    + " or "
+    + ON_OWNER_LOOP.format(own="__lb_own", loop="__lb_loop := __lb_grl()")
+    + """:
             return __lb_fn({self}._lb_target, {args})  # same loop: straight through
-        __lb_running = __lb_grl()
-        if __lb_running is not None:
-            if __lb_running is __lb_loop:
-                return __lb_fn({self}._lb_target, {args})  # same loop (uvloop)
-            return __lb_cfl(
-                __lb_running, __lb_fn, ({self}._lb_target, {positional}), {keywords},
-                __lb_what, __lb_own, {self}._lb_stats, {self}._lb_grace, {self}._lb_eager,
-            )
-        # No loop yet (created before asyncio.run, or under trio): decide on await.
-        return __lb_dispatch({self}, __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what)
+        return __lb_route(
+            {self}, __lb_loop, __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what
+        )
     return member
 """
+)
 
 
-def _async_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    what = f"{fn.__qualname__}()"
-    try:
-        member = build(
-            _ASYNC_MEMBER,
-            fn,
-            "proxy member",
-            __lb_fn=fn,
-            __lb_ident=get_ident,
-            __lb_grl=get_running_loop,
-            __lb_cfl=call_from_loop,
-            __lb_dispatch=_dispatch,
-            __lb_what=what,
-        )
-    except (TypeError, ValueError, SyntaxError):  # e.g. a decorator's (*args, **kwargs)
-
-        def member(self: Any, *args: Any, **kwargs: Any) -> Any:
-            own = self._lb_own
-            if own._tid_check and own._loop._thread_id == get_ident():
-                return fn(self._lb_target, *args, **kwargs)
-            loop = get_running_loop()
-            if loop is not None:
-                if loop is own._loop:
-                    return fn(self._lb_target, *args, **kwargs)
-                return call_from_loop(
-                    loop, fn, (self._lb_target, *args), kwargs, what, own,
-                    self._lb_stats, self._lb_grace, self._lb_eager,
-                )  # fmt: skip
-            return _dispatch(self, fn, (self._lb_target, *args), kwargs, what)
-
+def _async_member(name: str, fn: Callable[..., Any], generic: bool = False) -> Callable[..., Any]:
+    member = build(
+        _ASYNC_MEMBER,
+        fn,
+        "proxy member",
+        generic=generic,
+        __lb_fn=fn,
+        __lb_ident=threading.get_ident,
+        __lb_grl=get_running_loop,
+        __lb_route=_route,
+        __lb_what=f"{fn.__qualname__}()",
+    )
     return _describe(member, name, fn, "async")
 
 
@@ -111,20 +106,32 @@ def _describe(
     return member
 
 
-async def _dispatch(
-    self: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+def _route(
+    p: Any,
+    loop: asyncio.AbstractEventLoop | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
 ) -> Any:
-    """Decide the caller kind when the coroutine runs, not when it is created."""
-    own: Ownership = self._lb_own
-    stats: Metrics = self._lb_stats
-    grace: float = self._lb_grace
+    """A proxy member called off the owner loop, from ``loop`` (the running one)."""
+    if loop is None:
+        # No loop yet (the coroutine was made before asyncio.run, or under
+        # trio): decide when it is awaited.
+        return _route_on_await(p, fn, args, kwargs, what)
+    return call_from_async(loop_waker(loop), p._lb_opts, fn, args, kwargs, what)
+
+
+async def _route_on_await(
+    p: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> Any:
     loop = get_running_loop()
     if loop is not None:
-        if loop is own._loop:
+        if loop is p._lb_own._loop:
             return await fn(*args, **kwargs)
-        return await call_from_loop(loop, fn, args, kwargs, what, own, stats, grace, self._lb_eager)
-    if current_library() == "trio":
-        return await call_from_trio(fn, args, kwargs, what, own, stats, grace, self._lb_eager)
+        return await _route(p, loop, fn, args, kwargs, what)
+    if in_trio_run():
+        return await call_from_async(trio_waker(trio_port()), p._lb_opts, fn, args, kwargs, what)
     raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 
@@ -132,13 +139,10 @@ def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     what = f"{fn.__qualname__}()"
 
     def member(self: Any, *args: Any, **kwargs: Any) -> Any:
-        own: Ownership = self._lb_own
         target = self._lb_target
-        loop = get_running_loop()
-        if loop is own._loop and loop is not None:
+        if on_owner_thread(self._lb_own):
             return fn(target, *args, **kwargs)  # same loop: the real generator
-        ch = Channel(fn, (target, *args), kwargs, what, own, self._lb_window, self._lb_stats)
-        return RemoteStream(ch, self._lb_grace)
+        return RemoteStream(Channel(fn, (target, *args), kwargs, what, self._lb_opts))
 
     return _describe(member, name, fn, "stream")
 
@@ -308,10 +312,7 @@ def proxy(
     setattr_ = object.__setattr__
     setattr_(p, "_lb_target", obj)
     setattr_(p, "_lb_own", own)
-    setattr_(p, "_lb_window", stream_window)
-    setattr_(p, "_lb_grace", cancel_grace)
-    setattr_(p, "_lb_stats", own.stats)
-    setattr_(p, "_lb_eager", bool(eager))
+    setattr_(p, "_lb_opts", Options(own, stream_window, cancel_grace, bool(eager)))
     return p
 
 
@@ -334,7 +335,8 @@ def metrics_of(p: object) -> Metrics:
     """The metrics of the object behind a proxy (shared by all its proxies)."""
     if not getattr(type(p), "__loopbridge_proxy__", False):
         raise TypeError(f"expected a loopbridge proxy, got {type(p).__qualname__}")
-    return object.__getattribute__(p, "_lb_stats")  # type: ignore[no-any-return]
+    opts: Options = object.__getattribute__(p, "_lb_opts")
+    return opts.stats
 
 
 # ------------------------------------------------------------- blocking face
@@ -365,26 +367,21 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
         pcls = type(p)
         raw = getattr(pcls, name, None)
         fn = getattr(raw, "__wrapped__", None)
-        own: Ownership = object.__getattribute__(p, "_lb_own")
         target = object.__getattribute__(p, "_lb_target")
-        stats: Metrics = object.__getattribute__(p, "_lb_stats")
-        grace: float = object.__getattribute__(p, "_lb_grace")
-        eager: bool = object.__getattribute__(p, "_lb_eager")
-        window: int = object.__getattribute__(p, "_lb_window")
+        opts: Options = object.__getattribute__(p, "_lb_opts")
         kind = getattr(raw, "__loopbridge_kind__", None)
         if fn is not None and kind == "async":
             what = f"{fn.__qualname__}()"
 
             def call(*args: Any, **kwargs: Any) -> Any:
-                return call_from_thread(fn, (target, *args), kwargs, what, own, stats, grace, eager)
+                return call_from_thread(Call(fn, (target, *args), kwargs, what, opts))
 
             member = call
         elif fn is not None and kind == "stream":
             what = f"{fn.__qualname__}()"
 
             def iterate(*args: Any, **kwargs: Any) -> Any:
-                ch = Channel(fn, (target, *args), kwargs, what, own, window, stats)
-                return BlockingStream._create(ch, grace)
+                return BlockingStream._create(Channel(fn, (target, *args), kwargs, what, opts))
 
             member = iterate
         else:

@@ -2,29 +2,37 @@
 
 A trio run gets a :class:`~loopbridge._ports.Port` like any asyncio loop; its
 thread-safe doorway is the run's ``TrioToken.run_sync_soon``.  The port lives in a
-``RunVar``, so it goes away with the run.
+``RunVar``, so it goes away with the run.  Only trio's public ``trio.lowlevel``
+API is used.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 from ._ports import Port
 
-__all__ = ["trio_port", "current_library"]
+__all__ = ["trio_port", "in_trio_run"]
 
 _run_var: Any = None
 
 
-def current_library() -> str | None:
+def in_trio_run() -> bool:
+    """Whether this thread is inside a trio run.
+
+    Asked only when no asyncio loop runs here.  A process that never imported
+    trio cannot be in a trio run, so trio is not imported to find out.
+    """
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
     try:
-        import sniffio
-    except ImportError:  # pragma: no cover - anyio depends on sniffio
-        return None
-    try:
-        return sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return None
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
 
 
 def trio_port() -> Port:
@@ -40,5 +48,6 @@ def trio_port() -> Port:
         token = trio.lowlevel.current_trio_token()
         port = Port(token, token.run_sync_soon, f"trio run 0x{id(token):x}")
         port.ran = True
+        port.thread_id = threading.get_ident()
         _run_var.set(port)
     return port

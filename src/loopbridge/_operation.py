@@ -1,0 +1,326 @@
+"""What a call and a stream share: one operation in flight towards an owner loop.
+
+Life of an operation::
+
+    caller: submit() ......... registered with the owner's port, start posted
+    owner:  start_on_owner() . follows a transfer, honours an early cancel,
+                               else starts the owner-side task
+    any:    settle() ......... records the outcome once, wakes the caller
+
+Invariants:
+
+* ``outcome`` leaves :attr:`Outcome.PENDING` exactly once; the first writer
+  wins (the owner task, a cancel, and owner death may race from different
+  threads) and ``settle()`` ignores later ones.
+* ``cancel`` is :attr:`Cancel.REQUESTED` only when the *caller* asked (before
+  it posts the cancel).  The owner side reads it to tell a caller's cancel
+  (the caller already knows) from one made on the owner side, which reaches
+  the caller as a cancel, or as :class:`~loopbridge.OwnerLoopClosed` when the
+  owner loop is shutting down.
+* every operation is in its owner port's ``inflight`` set from submission to
+  settlement, so owner death fails it instead of leaving it waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._diagnose import submission_site, tracing
+from ._labels import thread_name
+from ._ports import Port
+
+if TYPE_CHECKING:
+    from ._metrics import Counters, Metrics
+    from ._ownership import Ownership
+    from ._wakers import Waker
+
+__all__ = [
+    "Outcome",
+    "Cancel",
+    "Options",
+    "Operation",
+    "NOT_WAITING",
+    "start_on_owner",
+    "cancel_on_owner",
+    "owner_cancelled",
+    "annotate",
+]
+
+_perf = time.perf_counter
+_PY311 = sys.version_info >= (3, 11)
+
+
+class Outcome(enum.Enum):
+    """How an operation ended (shared by calls, streams and metrics)."""
+
+    PENDING = "pending"
+    OK = "ok"  # returned (a call) or ran to its end (a stream)
+    ERROR = "error"  # raised, or the owner loop died
+    CANCELLED = "cancelled"
+
+
+class Cancel(enum.Enum):
+    """Whether the caller asked for the owner side to be cancelled."""
+
+    NOT_REQUESTED = "not requested"
+    REQUESTED = "requested"
+
+
+# Module globals: one load each on the hot path instead of two.
+PENDING, OK, ERROR, CANCELLED = Outcome.PENDING, Outcome.OK, Outcome.ERROR, Outcome.CANCELLED
+NOT_REQUESTED, REQUESTED = Cancel.NOT_REQUESTED, Cancel.REQUESTED
+
+
+class Options:
+    """A proxy's settings, shared by every call and stream made through it."""
+
+    __slots__ = ("own", "stats", "window", "grace", "eager")
+
+    def __init__(self, own: Ownership, window: int, grace: float, eager: bool) -> None:
+        self.own = own
+        self.stats: Metrics = own.stats
+        self.window = window
+        self.grace = grace
+        self.eager = eager
+
+
+def annotate(exc: BaseException, what: str, owner: Port) -> None:
+    """Add a note naming the owner loop and the operation (once per exception)."""
+    note = f"loopbridge: raised by {what} on its owner loop ({owner.label})"
+    notes = getattr(exc, "__notes__", None)
+    if notes is not None and note in notes:
+        return
+    if _PY311:
+        exc.add_note(note)
+    else:  # pragma: no cover - 3.10
+        exc.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined, unused-ignore]
+
+
+class NotWaiting:
+    """The waker of an operation nobody waits on yet (a stream not iterated yet)."""
+
+    __slots__ = ()
+
+    label = "nobody yet"
+    thread_id = None
+
+    def wake(self, op: Operation) -> None:
+        pass
+
+
+NOT_WAITING = NotWaiting()
+
+
+class Operation:
+    """A call or stream in flight; subclasses say what runs and how it is counted."""
+
+    __slots__ = (
+        "fn",
+        "args",
+        "kwargs",
+        "ctx",
+        "what",
+        "opts",
+        "counters",
+        "owner",
+        "outcome",
+        "value",
+        "cancel",
+        "cancel_msg",
+        "task",
+        "waker",
+        "waiter",  # what the caller parks on (a future, trio event or lock), set by arm()
+        "parked",
+        "t_submit",
+        "t_start",
+        "t_end",
+        "site",
+        "__weakref__",
+    )
+
+    kind = "operation"
+    waiter: Any
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        what: str,
+        opts: Options,
+        waker: Waker = NOT_WAITING,
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.ctx = contextvars.copy_context()
+        self.what = what
+        self.opts = opts
+        self.counters: Counters = opts.stats.calls  # a stream says streams
+        self.owner: Port | None = None
+        self.outcome = PENDING
+        self.value: Any = None
+        self.cancel = NOT_REQUESTED
+        self.cancel_msg: str | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.waker = waker
+        self.parked = False
+        self.t_submit = _perf()
+        self.t_start = 0.0
+        self.t_end = 0.0
+        self.site = submission_site() if tracing.on else None
+
+    # -- hooks -----------------------------------------------------------------
+    def on_settled(self) -> None:
+        """Wake the caller if it needs waking (any thread)."""
+        raise NotImplementedError
+
+    def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
+        """Start the owner-side work (owner thread); its task, if it has one."""
+        raise NotImplementedError
+
+    # -- caller side -----------------------------------------------------------
+    def submit(self) -> None:
+        """Register with the owner's port and post the start (caller thread)."""
+        counters = self.counters
+        next(counters.submitted)
+        try:
+            self.route()
+        except BaseException:
+            next(counters.errors)
+            raise
+
+    def route(self) -> None:
+        own = self.opts.own
+        owner = own._port
+        if owner is None or owner.dead is not None:
+            owner = own.port()
+        self.owner = owner
+        owner.submit(self, start_on_owner)
+
+    def request_cancel(self, msg: str | None) -> bool:
+        """Ask the owner side to cancel (any thread, never blocks).
+
+        Returns False when there is nothing to cancel: settled already, asked
+        already, or never submitted.
+        """
+        owner = self.owner
+        if self.outcome is not PENDING or self.cancel is REQUESTED or owner is None:
+            return False
+        self.cancel_msg = msg
+        self.cancel = REQUESTED
+        try:
+            owner.post(cancel_on_owner, self)
+        except BaseException:  # the owner is gone: die() settles this operation
+            return False
+        return True
+
+    # -- any thread ------------------------------------------------------------
+    def settle(self, outcome: Outcome, value: Any) -> None:
+        """Record the outcome once and wake the caller."""
+        if self.outcome is not PENDING:
+            return
+        self.value = value
+        self.outcome = outcome
+        self.t_end = _perf()
+        owner = self.owner
+        if owner is not None:
+            owner.inflight.pop(self, None)
+        c = self.counters
+        next(c.ok if outcome is OK else c.errors if outcome is ERROR else c.cancelled)
+        self.on_settled()
+
+    def owner_died(self, exc: BaseException) -> None:
+        self.settle(ERROR, exc)
+
+    def raise_outcome(self) -> Any:
+        """Return the value or raise the owner's exception (caller side)."""
+        outcome = self.outcome
+        if outcome is OK:
+            return self.value
+        exc = self.value
+        if outcome is CANCELLED:
+            raise asyncio.CancelledError(*exc.args)
+        annotate(exc, self.what, self.owner)  # type: ignore[arg-type]
+        raise exc
+
+    def describe(self) -> dict[str, Any]:
+        now = _perf()
+        owner = self.owner
+        return {
+            "kind": self.kind,
+            "what": self.what,
+            "caller": self.waker.label,
+            "owner": owner.label if owner else None,
+            "submitted_from_thread": thread_name(self.waker.thread_id),
+            "waiting_s": round(now - self.t_submit, 6),
+            "running_s": round(now - self.t_start, 6) if self.t_start else None,
+            "started": bool(self.t_start),
+            "cancel_requested": self.cancel is REQUESTED,
+        }
+
+    # -- owner side ------------------------------------------------------------
+    def raised_on_owner(self, exc: BaseException, loop: asyncio.AbstractEventLoop) -> bool:
+        """The owner-side work raised ``exc`` (owner thread).  Returns whether
+        it must propagate out of the task (a cancel, an interrupt)."""
+        if isinstance(exc, asyncio.CancelledError):
+            if self.cancel is REQUESTED:
+                self.settle(CANCELLED, exc)
+            else:
+                # Someone on the owner side cancelled, or the loop is shutting
+                # down.  Decide one iteration later, when the port's keeper has
+                # seen a shutdown sweep if there is one.
+                loop.call_soon(owner_cancelled, self, exc)
+            return True
+        self.settle(ERROR, exc)
+        return isinstance(exc, (KeyboardInterrupt, SystemExit))
+
+
+def start_on_owner(op: Operation) -> None:
+    """Runs on the owner loop, from the port's drain."""
+    owner = op.owner
+    assert owner is not None
+    if op.outcome is not PENDING:
+        return
+    loop: asyncio.AbstractEventLoop = owner.loop
+    if op.opts.own._loop is not loop:
+        # Ownership moved after this operation was submitted: follow it.
+        owner.done(op)
+        try:
+            op.route()
+        except BaseException as exc:
+            op.settle(ERROR, exc)
+        return
+    if op.cancel is REQUESTED:
+        op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))
+        return
+    op.t_start = _perf()
+    op.task = op.launch(loop)
+
+
+def cancel_on_owner(op: Operation) -> None:
+    """The caller asked for a cancel (owner thread)."""
+    msg = op.cancel_msg
+    task = op.task
+    if task is None:
+        # Not started (start_on_owner will see the request), or finished
+        # without a task: either way the cancel is the outcome if none is yet.
+        op.settle(CANCELLED, asyncio.CancelledError(msg))
+    elif not task.done():
+        task.cancel(msg)
+        # A task cancelled before its first step never runs its own handlers.
+        task.add_done_callback(lambda _: op.settle(CANCELLED, asyncio.CancelledError(msg)))
+
+
+def owner_cancelled(op: Operation, exc: asyncio.CancelledError) -> None:
+    """One iteration after an owner-side cancel: shutdown, or a plain cancel?"""
+    owner = op.owner
+    if owner is not None and owner.die_if_shutting_down():
+        return  # die() failed the operation with OwnerLoopClosed
+    op.settle(CANCELLED, exc)

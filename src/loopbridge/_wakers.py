@@ -1,0 +1,253 @@
+"""How a caller waits for an operation, one waker per caller kind.
+
+Three kinds of callers wait on the owner side: asyncio loops (uvloop included),
+trio runs, and plain threads (the blocking face).  A waker is what differs
+between them; calls and streams use the same ones:
+
+* ``arm(op)`` gives ``op`` a fresh waiter (caller thread);
+* ``wake(op)`` wakes that waiter (any thread; harmless when repeated);
+* ``park(op, owner)`` waits until woken, noticing a dead owner loop, and lets
+  the caller's own cancellation through;
+* ``wait_settled(op, owner, grace)`` waits, cancel-proof and bounded, for the
+  owner side to finish after a cancel request.
+
+Flag protocol (GIL-ordered, no lock): the waiting side arms its waiter, raises
+``op.parked``, then re-checks its condition; the settling side changes the
+condition, then tests the flag.  One of the two always sees the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ._operation import PENDING, NotWaiting, Operation
+from ._ports import LIVENESS_INTERVAL, PORT_ATTR, Port, running_port
+
+if TYPE_CHECKING:
+    import trio
+
+__all__ = [
+    "Waker",
+    "LoopWaker",
+    "TrioWaker",
+    "ThreadWaker",
+    "loop_waker",
+    "trio_waker",
+    "thread_waker",
+]
+
+_perf = time.perf_counter
+
+
+class _PortWaker:
+    """A caller on an event loop or trio run: wakes are posted to its port."""
+
+    __slots__ = ("port",)
+
+    def __init__(self, port: Port) -> None:
+        self.port = port
+
+    @property
+    def label(self) -> str:
+        return self.port.label
+
+    @property
+    def thread_id(self) -> int | None:
+        return self.port.thread_id
+
+
+class LoopWaker(_PortWaker):
+    """A caller on an asyncio loop: waiters are futures of that loop."""
+
+    __slots__ = ("loop",)
+
+    cancelled: type[BaseException] = asyncio.CancelledError
+
+    def __init__(self, port: Port) -> None:
+        super().__init__(port)
+        self.loop: asyncio.AbstractEventLoop = port.loop
+
+    def arm(self, op: Operation) -> None:
+        op.waiter = self.loop.create_future()
+
+    def wake(self, op: Operation) -> None:
+        self.port.post(_resolve_future, op)
+
+    def park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
+        """What to await (the waiter itself: no coroutine frame per call)."""
+        # Liveness: one shared timer on this loop checks the owners its callers wait on.
+        self.port.watch(owner)
+        fut: asyncio.Future[None] = op.waiter
+        return fut
+
+    def arm_and_park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
+        """``arm`` then ``park``, for a waiter armed after submission.
+
+        Safe because a wake is posted to this loop and runs on this thread,
+        after the caller has armed.
+        """
+        port = self.port
+        if owner not in port.watched:  # watched means a check is scheduled
+            port.watch(owner)
+        fut: asyncio.Future[None] = self.loop.create_future()
+        op.waiter = fut
+        return fut
+
+    async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
+        for timeout in _rounds(self, op, grace):
+            timer = self.loop.call_later(timeout, _resolve, op.waiter)
+            try:
+                await op.waiter
+            except asyncio.CancelledError:
+                return  # cancelled again while waiting: stop, keep the first cancel
+            finally:
+                timer.cancel()
+            owner.check_alive()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _resolve_future(op: Operation) -> None:
+    fut = op.waiter
+    if fut is not None and not fut.done():
+        fut.set_result(None)
+
+
+class TrioWaker(_PortWaker):
+    """A caller in a trio run (directly or through anyio): waiters are trio events."""
+
+    __slots__ = ("cancelled", "_trio")
+
+    def __init__(self, port: Port) -> None:
+        import trio
+
+        super().__init__(port)
+        self._trio = trio
+        self.cancelled: type[BaseException] = trio.Cancelled
+
+    def arm(self, op: Operation) -> None:
+        op.waiter = self._trio.Event()
+
+    def wake(self, op: Operation) -> None:
+        self.port.post(_set_event, op)
+
+    async def arm_and_park(self, op: Operation, owner: Port) -> None:
+        """``arm`` then ``park`` (a wake is posted to this run, after arming)."""
+        self.arm(op)
+        await self.park(op, owner)
+
+    async def park(self, op: Operation, owner: Port) -> None:
+        event: trio.Event = op.waiter
+        move_on_after = self._trio.move_on_after
+        while not event.is_set():
+            with move_on_after(LIVENESS_INTERVAL):
+                await event.wait()
+            owner.check_alive()
+
+    async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
+        trio = self._trio
+        with trio.CancelScope(shield=True):
+            for timeout in _rounds(self, op, grace):
+                with trio.move_on_after(timeout):
+                    await op.waiter.wait()
+                owner.check_alive()
+
+
+def _set_event(op: Operation) -> None:
+    op.waiter.set()
+
+
+class ThreadWaker:
+    """A plain thread: waiters are locks, released by the waking side."""
+
+    __slots__ = ("thread_id", "label")
+
+    # KeyboardInterrupt and friends interrupt a blocked thread.
+    cancelled: type[BaseException] = BaseException
+
+    def __init__(self) -> None:
+        self.thread_id: int | None = threading.get_ident()
+        self.label = threading.current_thread().name
+
+    def arm(self, op: Operation) -> None:
+        lock = threading.Lock()
+        lock.acquire()
+        op.waiter = lock
+
+    def wake(self, op: Operation) -> None:
+        try:
+            op.waiter.release()
+        except RuntimeError:  # already released by a racing wake
+            pass
+
+    def park(self, op: Operation, owner: Port) -> None:
+        lock: threading.Lock = op.waiter
+        while not lock.acquire(timeout=LIVENESS_INTERVAL):
+            owner.check_alive()
+
+    def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
+        for timeout in _rounds(self, op, grace):
+            op.waiter.acquire(timeout=timeout)
+            owner.check_alive()
+
+
+def _rounds(
+    waker: LoopWaker | TrioWaker | ThreadWaker, op: Operation, grace: float
+) -> Iterator[float]:
+    """The waits of ``wait_settled``: arm, raise the flag, re-check, then yield a timeout.
+
+    Ends when the operation is settled or ``grace`` has passed.  The timeout is
+    at most the liveness interval, so each round can check the owner is alive.
+    """
+    deadline = _perf() + grace
+    try:
+        while op.outcome is PENDING:
+            remaining = deadline - _perf()
+            if remaining <= 0:
+                return
+            waker.arm(op)
+            op.parked = True
+            if op.outcome is not PENDING:
+                return
+            yield min(LIVENESS_INTERVAL, remaining)
+    finally:
+        op.parked = False
+
+
+Waker = LoopWaker | TrioWaker | ThreadWaker | NotWaiting
+
+
+def loop_waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:
+    """The waker of the callers on ``loop``, the running asyncio loop (one per loop)."""
+    port: Port | None = getattr(loop, PORT_ATTR, None)
+    if port is None or port.dead is not None:
+        port = running_port(loop)
+    waker: LoopWaker | None = port.waker
+    if waker is None:
+        waker = port.waker = LoopWaker(port)
+    return waker
+
+
+_threads = threading.local()
+
+
+def thread_waker() -> ThreadWaker:
+    """The waker of this plain thread (one per thread)."""
+    waker: ThreadWaker | None = getattr(_threads, "waker", None)
+    if waker is None:
+        waker = _threads.waker = ThreadWaker()
+    return waker
+
+
+def trio_waker(port: Port) -> TrioWaker:
+    waker: TrioWaker | None = port.waker
+    if waker is None:
+        waker = port.waker = TrioWaker(port)
+    return waker

@@ -1,0 +1,68 @@
+"""Private internals are checked, and a missing one fails loudly, not silently."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loopbridge import _compat
+from loopbridge._compat import UnsupportedRuntime
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def test_this_runtime_passes_every_check() -> None:
+    _compat.check_counter_repr()
+    loop = asyncio.new_event_loop()
+    try:
+        _compat.check_loop(loop)
+        assert _compat.ready_queue(loop) is loop._ready  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+
+
+def test_a_counter_without_the_expected_repr_is_refused() -> None:
+    class Opaque:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def __next__(self) -> int:
+            self.n += 1
+            return self.n
+
+        def __repr__(self) -> str:
+            return "<counter>"
+
+    with pytest.raises(UnsupportedRuntime, match=r"repr\(itertools.count\)"):
+        _compat.check_counter_repr(Opaque)
+
+
+def test_a_stock_loop_without_its_thread_id_is_refused() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        del loop._thread_id  # type: ignore[attr-defined]
+        with pytest.raises(UnsupportedRuntime, match="_thread_id"):
+            _compat.check_loop(loop)
+        with pytest.raises(UnsupportedRuntime, match="_thread_id"):
+            import loopbridge._ports as ports
+
+            ports.port_for_loop(loop)
+    finally:
+        loop._thread_id = None  # type: ignore[attr-defined]
+        loop.close()
+
+
+def test_a_missing_internal_fails_at_import() -> None:
+    code = "import asyncio; del asyncio._get_running_loop; import loopbridge"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode != 0
+    assert "UnsupportedRuntime" in proc.stderr
+    assert "asyncio._get_running_loop()" in proc.stderr

@@ -1,0 +1,156 @@
+"""The hot path has one definition, rendered two ways; both renderings behave alike.
+
+A proxy member and the affinity check are generated from one template each,
+either with the method's own signature or, when that can't be mirrored, with
+plain ``(*args, **kwargs)`` forwarding.  Each test runs both renderings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from typing import Any
+
+import pytest
+
+import loopbridge as lb
+from loopbridge import _ownership, _proxy
+from loopbridge._codegen import GENERIC
+
+RENDERINGS = ["mirrored", "generic"]
+
+
+@lb.loop_affine
+class Adder:
+    async def add(self, a: int, b: int = 1, *rest: int, scale: int = 1, **extra: int) -> int:
+        return (a + b + sum(rest) + sum(extra.values())) * scale
+
+    async def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+
+def _member(rendering: str) -> Any:
+    fn = _ownership.original(Adder.__dict__["add"])
+    return _proxy._async_member("add", fn, generic=rendering == "generic")
+
+
+def _is_generic(member: Any) -> bool:
+    return GENERIC.self_name in member.__code__.co_varnames
+
+
+@pytest.mark.parametrize("rendering", RENDERINGS)
+def test_proxy_member_renderings_route_alike(owner: lb.LoopThread, rendering: str) -> None:
+    member = _member(rendering)
+    assert _is_generic(member) is (rendering == "generic")
+
+    async def make() -> Adder:
+        return Adder()
+
+    adder = owner.run(make)
+    p = lb.proxy(adder)
+
+    async def same_loop() -> tuple[int, bool]:
+        coro = member(p, 1, 2, 3, scale=2, x=4)
+        # Straight through on the owner loop: the member's own coroutine.
+        return await coro, coro.cr_code is _ownership.original(Adder.add).__code__
+
+    assert owner.run(same_loop) == (20, True)
+
+    async def other_loop() -> int:
+        return int(await member(p, 1, 2, 3, scale=2, x=4))
+
+    assert asyncio.run(other_loop()) == 20
+
+    # Made before any loop runs: decided when awaited.
+    deferred = member(p, 5)
+
+    async def await_it() -> int:
+        return int(await deferred)
+
+    assert asyncio.run(await_it()) == 6
+
+
+@pytest.mark.parametrize("rendering", RENDERINGS)
+def test_affinity_check_renderings_alike(asyncio_owner: lb.LoopThread, rendering: str) -> None:
+    fn = _ownership.original(Adder.__dict__["add"])
+    guarded = _ownership.build(
+        _ownership._GUARD,
+        fn,
+        "check",
+        generic=rendering == "generic",
+        __lb_fn=fn,
+        __lb_check=_ownership._check,
+        __lb_ident=threading.get_ident,
+        __lb_grl=_ownership.get_running_loop,
+        __lb_key=_ownership._ATTR,
+    )
+    assert _is_generic(guarded) is (rendering == "generic")
+
+    async def make() -> Adder:
+        return Adder()
+
+    adder = asyncio_owner.run(make)
+
+    async def on_owner() -> int:
+        return int(await guarded(adder, 1, 2))
+
+    assert asyncio_owner.run(on_owner) == 3
+
+    async def elsewhere() -> None:
+        with pytest.raises(lb.LoopAffinityError, match="belongs to"):
+            await guarded(adder, 1, 2)
+
+    asyncio.run(elsewhere())
+
+
+def test_on_owner_thread(owner: lb.LoopThread) -> None:
+    async def make() -> Adder:
+        return Adder()
+
+    adder = owner.run(make)
+    own = _ownership.ownership_of(adder)
+    assert own is not None
+
+    async def ask() -> bool:
+        return _ownership.on_owner_thread(own)
+
+    assert owner.run(ask) is True  # the owner loop's own thread
+    assert asyncio.run(ask()) is False  # another loop
+    assert _ownership.on_owner_thread(own) is False  # a plain thread
+
+    unbound = Adder()  # made while no loop runs: no owner yet
+    own_none = _ownership.ownership_of(unbound)
+    assert own_none is not None and own_none.loop is None
+    assert _ownership.on_owner_thread(own_none) is False
+    assert asyncio.run(ask_none(own_none)) is False
+
+
+async def ask_none(own: Any) -> bool:
+    return _ownership.on_owner_thread(own)
+
+
+_where = contextvars.ContextVar("where", default="unset")
+
+
+@lb.loop_affine
+class Reader:
+    async def read(self) -> str:
+        return _where.get()
+
+
+def test_a_call_carries_the_context_of_whoever_awaits_it(owner: lb.LoopThread) -> None:
+    """As a native coroutine would: the context is taken when the call starts."""
+
+    async def make() -> Reader:
+        return Reader()
+
+    p = lb.proxy(owner.run(make))
+
+    async def main() -> str:
+        _where.set("when created")
+        coro = p.read()
+        _where.set("when awaited")
+        return await coro
+
+    assert asyncio.run(main()) == "when awaited"
