@@ -1,16 +1,29 @@
 """Fixtures shared by the core and metrics suites: owner loops on their own
-threads, and a check that a test leaves no thread behind."""
+threads, and a check that a test leaves no thread behind.
+
+Hypothesis runs derandomized by default, so a run (CI's included) tries the same
+examples every time and a failure reproduces. For random exploration, new
+examples on every run::
+
+    HYPOTHESIS_PROFILE=explore pytest tests/core/test_stress.py
+"""
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import loopbridge as lb
+
+settings.register_profile("derandomized", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
 
 HERE = Path(__file__).resolve().parent
 # Suites whose tests must end every thread they start (the vLLM ones keep an

@@ -118,7 +118,7 @@ def test_backpressure_suspends_the_producer(asyncio_owner: lb.LoopThread) -> Non
 def test_items_are_handed_over_in_batches(asyncio_owner: lb.LoopThread) -> None:
     window, total = 4096, 50_000
     p = lb.proxy(asyncio_owner.run(_make_producer), stream_window=window)
-    stats = lb.metrics.metrics_of(p)
+    metrics = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         n = 0
@@ -130,7 +130,7 @@ def test_items_are_handed_over_in_batches(asyncio_owner: lb.LoopThread) -> None:
         assert n == total
 
     asyncio.run(main())
-    snap = stats.snapshot()
+    snap = metrics.snapshot()
     # One wake-up per batch, never one per item.
     assert snap["stream_batches"] < total / 20, snap
     assert snap["items_per_wakeup"] > 20

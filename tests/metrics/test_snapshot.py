@@ -63,7 +63,7 @@ def build(owner: lb.LoopThread, cls: type) -> Any:
 def test_call_outcomes_are_counted_exactly(owner: lb.LoopThread) -> None:
     engine = build(owner, make_engine_class())
     p = lb.proxy(engine)
-    stats = lb.metrics.metrics_of(p)
+    metrics = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         for i in range(50):
@@ -79,7 +79,7 @@ def test_call_outcomes_are_counted_exactly(owner: lb.LoopThread) -> None:
             await task
 
     asyncio.run(main())
-    snap = stats.snapshot()
+    snap = metrics.snapshot()
     assert snap["name"].endswith("Engine object")
     assert snap["calls"] == 54
     assert snap["ok"] == 50
@@ -101,12 +101,12 @@ def test_call_outcomes_are_counted_exactly(owner: lb.LoopThread) -> None:
 def test_in_flight_counts_a_call_that_has_not_returned(asyncio_owner: lb.LoopThread) -> None:
     engine = build(asyncio_owner, make_engine_class())
     p = lb.proxy(engine)
-    stats = lb.metrics.metrics_of(p)
+    metrics = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         holders = [asyncio.create_task(p.hold()) for _ in range(4)]
-        await apoll_until(lambda: stats.snapshot()["calls"] == 4, "all 4 calls were submitted")
-        snap = stats.snapshot()
+        await apoll_until(lambda: metrics.snapshot()["calls"] == 4, "all 4 calls were submitted")
+        snap = metrics.snapshot()
         # Latency samples are taken when a call ends: none yet.
         assert snap["admission"]["count"] == 0 and snap["run"]["count"] == 0
         assert snap["calls_in_flight"] == 4
@@ -116,7 +116,7 @@ def test_in_flight_counts_a_call_that_has_not_returned(asyncio_owner: lb.LoopThr
         await asyncio.gather(*holders)
 
     asyncio.run(main())
-    snap = stats.snapshot()
+    snap = metrics.snapshot()
     assert snap["calls_in_flight"] == 0
     assert snap["ok"] == 5
 
@@ -124,7 +124,7 @@ def test_in_flight_counts_a_call_that_has_not_returned(asyncio_owner: lb.LoopThr
 def test_admission_delay_grows_when_the_owner_loop_is_busy(asyncio_owner: lb.LoopThread) -> None:
     engine = build(asyncio_owner, make_engine_class())
     p = lb.proxy(engine)
-    stats = lb.metrics.metrics_of(p)
+    metrics = lb.metrics.metrics_of(p)
 
     entered, submitted = threading.Event(), threading.Event()
 
@@ -138,19 +138,19 @@ def test_admission_delay_grows_when_the_owner_loop_is_busy(asyncio_owner: lb.Loo
     async def main() -> None:
         for i in range(20):
             await p.echo(i)
-        quiet = stats.snapshot()["admission"]["max_s"]
+        quiet = metrics.snapshot()["admission"]["max_s"]
         asyncio_owner.loop.call_soon_threadsafe(busy_owner)
         await apoll_until(entered.is_set, "the owner loop is busy")
         late = asyncio.ensure_future(p.echo("late"))
-        await apoll_until(lambda: stats.snapshot()["calls"] == 21, "the late call was submitted")
+        await apoll_until(lambda: metrics.snapshot()["calls"] == 21, "the late call was submitted")
         submitted.set()
         await late
-        busy = stats.snapshot()["admission"]["max_s"]
+        busy = metrics.snapshot()["admission"]["max_s"]
         assert busy >= 0.15, (quiet, busy)
         assert quiet < busy
 
     asyncio.run(main())
-    snap = stats.snapshot()
+    snap = metrics.snapshot()
     # The late call is alone in the highest admission bucket; it did not run longer.
     assert snap["admission"]["buckets"][-1][1] == 1
     assert snap["run"]["max_s"] < snap["admission"]["max_s"]
@@ -159,23 +159,23 @@ def test_admission_delay_grows_when_the_owner_loop_is_busy(asyncio_owner: lb.Loo
 def test_return_delay_grows_when_the_caller_loop_is_busy(asyncio_owner: lb.LoopThread) -> None:
     engine = build(asyncio_owner, make_engine_class())
     p = lb.proxy(engine)
-    stats = lb.metrics.metrics_of(p)
+    metrics = lb.metrics.metrics_of(p)
 
     def block_this_loop(seconds: float) -> None:
         time.sleep(seconds)  # CPU-bound work on the caller loop, in the test's story
 
     async def main() -> None:
         task = asyncio.create_task(p.hold())
-        await apoll_until(lambda: stats.snapshot()["calls"] == 1, "the call was submitted")
+        await apoll_until(lambda: metrics.snapshot()["calls"] == 1, "the call was submitted")
         # With this loop blocked: release the owner, wait until it has answered,
         # then stay blocked a while longer before the caller may resume.
         asyncio_owner.loop.call_soon_threadsafe(engine.release.set)
-        poll_until(lambda: stats.snapshot()["ok"] == 1, "the owner answered")
+        poll_until(lambda: metrics.snapshot()["ok"] == 1, "the owner answered")
         block_this_loop(0.15)
         await task
 
     asyncio.run(main())
-    snap = stats.snapshot()
+    snap = metrics.snapshot()
     assert snap["return"]["count"] == 1
     assert snap["return"]["max_s"] >= 0.15
 
@@ -183,7 +183,7 @@ def test_return_delay_grows_when_the_caller_loop_is_busy(asyncio_owner: lb.LoopT
 def test_stream_items_and_wakeups(owner: lb.LoopThread) -> None:
     engine = build(owner, make_engine_class())
     p = lb.proxy(engine, stream_window=512)
-    stats = lb.metrics.metrics_of(p)
+    metrics = lb.metrics.metrics_of(p)
 
     async def main() -> None:
         got = 0
@@ -208,8 +208,8 @@ def test_stream_items_and_wakeups(owner: lb.LoopThread) -> None:
 
     asyncio.run(main())
     gc.collect()
-    poll_until(lambda: not stats.snapshot()["streams_open"], "every stream has ended")
-    snap = stats.snapshot()
+    poll_until(lambda: not metrics.snapshot()["streams_open"], "every stream has ended")
+    snap = metrics.snapshot()
     assert snap["streams"] == 3
     assert snap["streams_completed"] == 1
     assert snap["streams_cancelled"] == 2
@@ -231,7 +231,7 @@ def test_stream_items_and_wakeups(owner: lb.LoopThread) -> None:
 def test_blocking_face_from_threads_counts_exactly(asyncio_owner: lb.LoopThread) -> None:
     engine = build(asyncio_owner, make_engine_class())
     b = lb.blocking(engine)
-    stats = lb.metrics.metrics_of(lb.proxy(engine))
+    metrics = lb.metrics.metrics_of(lb.proxy(engine))
 
     def worker() -> None:
         for i in range(200):
@@ -243,7 +243,7 @@ def test_blocking_face_from_threads_counts_exactly(asyncio_owner: lb.LoopThread)
         t.start()
     for t in threads:
         t.join()
-    snap = stats.snapshot()
+    snap = metrics.snapshot()
     assert snap["calls"] == snap["ok"] == 800
     assert snap["streams"] == snap["streams_completed"] == 4
     assert snap["stream_items"] == 1200
