@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from vllm_engines import start_engine, stop_engine
 from vllm_load import run_load
-from vllm_race_hook import CollectorSetHold
 
+from loopbridge_vllm.bench import CollectorSetHold
 from loopbridge_vllm.server import OpenAIServer, ServerStartError, start_openai_server
 
 pytestmark = pytest.mark.vllm
