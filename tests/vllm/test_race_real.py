@@ -4,7 +4,7 @@ Topology of the bug report: ``AsyncLLM`` created on one loop (a Ray actor's),
 vLLM's OpenAI app served by uvicorn on a second thread. With the raw engine
 handed to the server, the server thread waits on each request's
 ``RequestOutputCollector`` event while the engine's output handler sets it
-from the owner thread. ``vllm_race_hook.CollectorSetHold`` makes the overlap
+from the owner thread. ``loopbridge_vllm.bench.CollectorSetHold`` makes the overlap
 certain, so the raw run must kill the output handler with ``deque mutated
 during iteration``; the same run through ``loopbridge_vllm`` must finish all
 128 requests.
