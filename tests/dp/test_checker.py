@@ -111,8 +111,10 @@ E_SCENARIOS = [
     pytest.param(dict(ranks=2, mode="keep", resumes=2), id="n2-keep-duplicate-resume"),
     pytest.param(dict(ranks=3, mode="keep", when="after"), id="n3-keep-after"),
     pytest.param(dict(ranks=3, mode="abort", when="after"), id="n3-abort-after"),
-    # Larger N=3 runs (requests during/before the pause, duplicate resume)
-    # take 5-15 s each; docs/dp-protocol.md lists them with their CLI lines.
+    pytest.param(dict(ranks=3, resumes=2, when="after"), id="n3-keep-after-duplicate-resume"),
+    # Larger N=3 runs (requests at any time, two requests with a duplicate
+    # resume) take 1-10 minutes; docs/dp-protocol.md lists them with their
+    # CLI lines.
 ]
 
 
