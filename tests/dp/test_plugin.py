@@ -101,3 +101,17 @@ def test_an_elastic_ep_engine_is_left_unfiltered(caplog: pytest.LogCaptureFixtur
     assert "_loopbridge_held" not in elastic.e.__dict__
     [(level, text)] = lines(caplog)
     assert level == logging.ERROR and "elastic EP" in text
+
+
+def test_the_line_is_not_lost_before_vllm_configures_logging(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A front-end may load plugins before vLLM has set up its log handlers."""
+    bare = logging.getLogger("loopbridge-test-unconfigured")
+    bare.propagate = False
+    monkeypatch.setattr(_plugin, "_logger", lambda: bare)
+    monkeypatch.setenv(_plugin.ENV, "1")
+    _plugin.load()
+    assert _patch.is_installed()
+    err = capsys.readouterr().err
+    assert err.count("loopbridge_dp_filter: installed (pid ") == 1

@@ -188,8 +188,12 @@ def test_plugin_installs_the_filter_in_every_engine_core(groups: dict[str, Group
     log = filtered.log()
     import vllm
 
-    for pid in filtered.up()["engine_pids"]:
-        assert f"loopbridge_dp_filter: installed (pid {pid}) for vLLM {vllm.__version__}" in log
+    # One line in each process vLLM loads plugins in: the front end and both
+    # engine cores.
+    up = filtered.up()
+    for pid in [up["pid"], *up["engine_pids"]]:
+        line = f"loopbridge_dp_filter: installed (pid {pid}) for vLLM {vllm.__version__}"
+        assert log.count(line) == 1, (pid, log[-3000:])
     for name in groups:
         if name != "filtered":
             assert "loopbridge_dp_filter: installed" not in groups[name].log()

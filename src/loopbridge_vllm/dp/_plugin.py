@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 #: The opt-in switch; "1" installs, anything else (or unset) leaves vLLM alone.
 ENV = "LOOPBRIDGE_DP_FILTER"
@@ -39,11 +40,20 @@ def _logger() -> logging.Logger:
     return logging.getLogger(f"vllm.plugins.{PLUGIN_NAME}")
 
 
+def _say(level: int, text: str) -> None:
+    # The front-end process may load plugins before vLLM configures its
+    # logging; the one line per process must not be lost there.
+    log = _logger()
+    if log.isEnabledFor(level) and log.hasHandlers():
+        log.log(level, text)
+    else:
+        print(f"{logging.getLevelName(level)} {log.name}: {text}", file=sys.stderr, flush=True)
+
+
 def load() -> None:
     """Entry point: install the filter when ``LOOPBRIDGE_DP_FILTER=1``."""
-    log = _logger()
     if os.environ.get(ENV, "") != "1":
-        log.debug("%s: not installed (%s is not 1)", PLUGIN_NAME, ENV)
+        _logger().debug("%s: not installed (%s is not 1)", PLUGIN_NAME, ENV)
         return
     from . import _patch
 
@@ -51,7 +61,7 @@ def load() -> None:
     if ok and os.environ.get("VLLM_ELASTIC_EP_SCALE_UP_LAUNCH", "0") not in ("", "0"):
         ok, why = False, "elastic EP scale-up launch: the filter assumes a fixed DP group"
     if not ok:
-        log.warning("%s: NOT installed (pid %d): %s", PLUGIN_NAME, os.getpid(), why)
+        _say(logging.WARNING, f"{PLUGIN_NAME}: NOT installed (pid {os.getpid()}): {why}")
         return
     _patch.install_filter()
-    log.info("%s: installed (pid %d) for %s", PLUGIN_NAME, os.getpid(), why)
+    _say(logging.INFO, f"{PLUGIN_NAME}: installed (pid {os.getpid()}) for {why}")
