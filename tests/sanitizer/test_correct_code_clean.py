@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -56,19 +57,23 @@ async def same_loop_workload() -> int:
             await cond.wait_for(ev.is_set)
 
     consumers = [asyncio.create_task(consumer()) for _ in range(3)]
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(producer())
-        tg.create_task(cond_waiter())
-        tg.create_task(notifier())
+    if sys.version_info >= (3, 11):
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(producer())
+            tg.create_task(cond_waiter())
+            tg.create_task(notifier())
+    else:  # no TaskGroup before 3.11
+        await asyncio.gather(producer(), cond_waiter(), notifier())
     for c in consumers:
         c.cancel()
     await asyncio.gather(*consumers, return_exceptions=True)
     try:
         await asyncio.wait_for(asyncio.sleep(1), 0.01)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11
         pass
-    async with asyncio.timeout(1):
-        await asyncio.sleep(0)
+    if sys.version_info >= (3, 11):  # asyncio.timeout is new in 3.11
+        async with asyncio.timeout(1):
+            await asyncio.sleep(0)
     total += await asyncio.to_thread(lambda: 1000)
     total += await asyncio.get_running_loop().run_in_executor(None, lambda: 1000)
     return total
