@@ -19,9 +19,10 @@ condition, then tests the flag.  One of the two always sees the other.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ._operation import PENDING, NotWaiting, Operation
@@ -63,16 +64,24 @@ class _PortWaker:
 class LoopWaker(_PortWaker):
     """A caller on an asyncio loop: waiters are futures of that loop."""
 
-    __slots__ = ("loop",)
+    __slots__ = ("loop", "new_future")
 
     cancelled: type[BaseException] = asyncio.CancelledError
 
     def __init__(self, port: Port) -> None:
         super().__init__(port)
-        self.loop: asyncio.AbstractEventLoop = port.loop
+        loop: asyncio.AbstractEventLoop = port.loop
+        self.loop = loop
+        # Stock asyncio's create_future() is a Python frame around the C
+        # Future: build that directly, unless the loop makes its own futures.
+        self.new_future: Callable[[], asyncio.Future[None]] = (
+            functools.partial(asyncio.Future, loop=loop)
+            if type(loop).create_future is asyncio.BaseEventLoop.create_future
+            else loop.create_future
+        )
 
     def arm(self, op: Operation) -> None:
-        op.waiter = self.loop.create_future()
+        op.waiter = self.new_future()
 
     def wake(self, op: Operation) -> None:
         self.port.post(_resolve_future, op)
@@ -93,8 +102,7 @@ class LoopWaker(_PortWaker):
         port = self.port
         if owner not in port.watched:  # watched means a check is scheduled
             port.watch(owner)
-        fut: asyncio.Future[None] = self.loop.create_future()
-        op.waiter = fut
+        fut = op.waiter = self.new_future()
         return fut
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
