@@ -45,12 +45,18 @@ _perf = time.perf_counter
 
 
 class _PortWaker:
-    """A caller on an event loop or trio run: wakes are posted to its port."""
+    """A caller on an event loop or trio run: wakes are posted to its port.
 
-    __slots__ = ("port",)
+    ``wake(op)`` posts ``resolve(op)`` to the port; it is a ``partial`` rather
+    than a method because it runs once per call, and the partial saves a
+    Python frame there.
+    """
 
-    def __init__(self, port: Port) -> None:
+    __slots__ = ("port", "wake")
+
+    def __init__(self, port: Port, resolve: Callable[[Operation], None]) -> None:
         self.port = port
+        self.wake: Callable[[Operation], None] = functools.partial(port.post, resolve)
 
     @property
     def label(self) -> str:
@@ -69,7 +75,7 @@ class LoopWaker(_PortWaker):
     cancelled: type[BaseException] = asyncio.CancelledError
 
     def __init__(self, port: Port) -> None:
-        super().__init__(port)
+        super().__init__(port, _resolve_future)
         loop: asyncio.AbstractEventLoop = port.loop
         self.loop = loop
         # Stock asyncio's create_future() is a Python frame around the C
@@ -82,9 +88,6 @@ class LoopWaker(_PortWaker):
 
     def arm(self, op: Operation) -> None:
         op.waiter = self.new_future()
-
-    def wake(self, op: Operation) -> None:
-        self.port.post(_resolve_future, op)
 
     def park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
         """What to await (the waiter itself: no coroutine frame per call)."""
@@ -136,15 +139,12 @@ class TrioWaker(_PortWaker):
     def __init__(self, port: Port) -> None:
         import trio
 
-        super().__init__(port)
+        super().__init__(port, _set_event)
         self._trio = trio
         self.cancelled: type[BaseException] = trio.Cancelled
 
     def arm(self, op: Operation) -> None:
         op.waiter = self._trio.Event()
-
-    def wake(self, op: Operation) -> None:
-        self.port.post(_set_event, op)
 
     async def arm_and_park(self, op: Operation, owner: Port) -> None:
         """``arm`` then ``park`` (a wake is posted to this run, after arming)."""
