@@ -300,12 +300,7 @@ def start_on_owner(op: Operation) -> None:
     if op.cancel is REQUESTED:
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))
         return
-    # Admission ends at the first start of this drain's batch: one clock read
-    # per batch (its starts run back to back, and all were posted before it).
-    t_start = owner.drained_at
-    if not t_start:
-        t_start = owner.drained_at = _perf()
-    op.t_start = t_start
+    op.t_start = _perf()
     op.task = op.launch(loop)
 
 

@@ -97,7 +97,6 @@ class Port:
         "thread_id",
         "_wakes",
         "waker",
-        "drained_at",
         "__weakref__",
     )
 
@@ -135,10 +134,6 @@ class Port:
         self._wakes = itertools.count()  # exact from any thread
         # How callers on this loop wait (see _wakers); made on first use.
         self.waker: Any = None
-        # When the running drain started its first operation (0.0 until then):
-        # one clock read per batch, not per item, and none for a drain that
-        # only wakes callers.
-        self.drained_at = 0.0
 
     def __repr__(self) -> str:
         return f"<Port {self.label}{' dead' if self.dead else ''}>"
@@ -195,7 +190,6 @@ class Port:
         self._wake_pending = False
         self.ran = True
         inbox = self._inbox
-        self.drained_at = 0.0
         for _ in range(len(inbox)):
             fn, arg = inbox.popleft()
             try:
