@@ -18,6 +18,7 @@ trio (public ``trio.lowlevel`` API only).
 from __future__ import annotations
 
 import asyncio
+import asyncio.selector_events
 import collections
 import itertools
 import sys
@@ -32,6 +33,8 @@ __all__ = [
     "is_stock_loop",
     "check_loop",
     "ready_queue",
+    "self_reader",
+    "callback_of",
     "THREAD_ID_ATTR",
     "TASK_FACTORY_ATTR",
     "mark_coroutine_function",
@@ -145,6 +148,33 @@ def check_loop(loop: object) -> None:
         "BaseEventLoop._ready (a deque)",
         "deferring a wake-up while the posting loop has more ready work",
     )
+    if isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
+        require(
+            callable(getattr(loop, "_read_from_self", None)),
+            "BaseSelectorEventLoop._read_from_self",
+            "not counting the loop's own wake-up reader as more ready work",
+        )
+
+
+# The ready handles of a stock loop name their callback here.
+require(
+    "_callback" in getattr(asyncio.Handle, "__slots__", ()),
+    "asyncio.Handle._callback",
+    "not counting the loop's own wake-up reader as more ready work",
+)
+
+
+def callback_of(handle: asyncio.Handle) -> Any:
+    """What a ready handle of a stock loop will call."""
+    return handle._callback  # type: ignore[attr-defined]
+
+
+def self_reader(loop: object) -> Any:
+    """The callback a stock selector loop runs when another thread wakes it
+    (None for other loops: their wake-up is not a ready handle)."""
+    if isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
+        return loop._read_from_self  # type: ignore[attr-defined]
+    return None
 
 
 def ready_queue(loop: object) -> collections.deque[Any] | None:

@@ -1,7 +1,8 @@
 """Start owner-side tasks; optionally run the first step before any task exists.
 
 On Python 3.12+ ``Task(..., eager_start=True)`` runs the first step of the
-coroutine at once, inside the port's drain, with the task already current.  A
+coroutine at once, inside the port's drain, with the task already current (on
+stock asyncio and on uvloop, when no task factory is set).  A
 call that finishes without suspending then posts its result in the same loop
 iteration that received it.
 
@@ -35,8 +36,17 @@ def start_task(
     """A task for ``coro`` in context ``ctx``, started eagerly where the runtime can."""
     if not HAS_TASK_CONTEXT:  # 3.10: Task() has no context argument; it copies the current one
         return ctx.run(loop.create_task, coro)
-    if getattr(loop, TASK_FACTORY_ATTR, _NOT_STOCK) is not None:
-        # uvloop (whose create_task is C) or a custom task factory: respect it.
+    factory = getattr(loop, TASK_FACTORY_ATTR, _NOT_STOCK)
+    if (
+        HAS_NATIVE_EAGER
+        and factory is _NOT_STOCK
+        and type(loop).__module__ == "uvloop"
+        and loop.get_task_factory() is None
+    ):
+        # uvloop without a factory builds this same Task, only not eagerly.
+        return _Task(coro, loop=loop, context=ctx, eager_start=True)  # type: ignore[call-arg, unused-ignore]
+    if factory is not None:
+        # A custom task factory, or a loop of unknown kind: respect it.
         return loop.create_task(coro, context=ctx)
     if HAS_NATIVE_EAGER:
         return _Task(coro, loop=loop, context=ctx, eager_start=True)  # type: ignore[call-arg, unused-ignore]

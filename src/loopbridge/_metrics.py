@@ -29,7 +29,7 @@ import threading
 import weakref
 from bisect import bisect_left
 from collections import deque
-from itertools import compress
+from itertools import compress, repeat, starmap
 from operator import sub as _sub
 from typing import Any
 
@@ -210,15 +210,18 @@ def _fold_latencies(
     run: Histogram,
     returned: Histogram,
 ) -> None:
-    """Fold a batch of samples with C-level loops (``zip``, ``map``, ``compress``, ``sort``).
+    """Fold a batch of samples with C-level loops (``starmap``, ``zip``, ``map``,
+    ``compress``, ``sort``).
 
-    About 0.15 µs per sample, where a Python loop over the samples cost 0.36 µs:
-    this runs once per 2048 calls on the hot path, so per call it is the part
-    of the metrics that matters.  A zero ``t_end`` (streams) or ``t_return``
-    (a call that did not return) means no run or return latency.
+    Per sample this costs under half of a Python loop over the samples
+    (sorting and bisecting also beat computing each bucket with ``map``): it
+    runs once per 2048 calls on the hot path, so per call it is the part of
+    the metrics that matters.  A zero
+    ``t_end`` (streams) or ``t_return`` (a call that did not return) means no
+    run or return latency.
     """
-    pop = samples.popleft
-    batch = [pop() for _ in range(len(samples))]  # concurrent appends stay for the next fold
+    # Take what is there now; samples appended meanwhile stay for the next fold.
+    batch = list(starmap(samples.popleft, repeat((), len(samples))))
     if not batch:
         return
     t_submit, t_start, t_end, t_return = zip(*batch)

@@ -18,7 +18,9 @@ sees the flag down and schedules a new one.  At worst a drain finds nothing.
 When the poster is itself running inside a loop with more ready work, the wake is
 deferred to the end of that loop's current iteration: on stock asyncio
 ``call_soon_threadsafe`` writes to a socket and gives up the GIL, so waking
-immediately lets the other loop start draining a half-built batch.
+immediately lets the other loop start draining a half-built batch.  The loop's
+own self-pipe reader does not count as more work: it posts nothing, and
+waiting for it cost a whole extra loop iteration per call at low concurrency.
 
 Ports also track every call and stream in flight towards their loop, so that when
 the loop stops or closes each of them can be failed with
@@ -35,7 +37,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ._compat import check_loop, counter_value, get_running_loop, ready_queue
+from ._compat import (
+    callback_of,
+    check_loop,
+    counter_value,
+    get_running_loop,
+    ready_queue,
+    self_reader,
+)
 from ._errors import OwnerLoopClosed
 from ._labels import loop_label as _loop_label
 
@@ -75,6 +84,7 @@ class Port:
         "_wake_pending",
         "_schedule_threadsafe",
         "_ready",
+        "_self_reader",
         "_outgoing",
         "_flush_pending",
         "inflight",
@@ -104,6 +114,10 @@ class Port:
         # Stock asyncio exposes its ready queue; its length tells whether the
         # loop has more work in this iteration (then deferring a wake pays).
         self._ready: deque[Any] | None = ready_queue(loop)
+        # ... except the loop's own self-pipe reader: woken by another thread,
+        # a loop runs it in the same iteration as what was posted, and it posts
+        # nothing, so waiting for it would only cost a loop iteration.
+        self._self_reader: Any = self_reader(loop)
         self._outgoing: list[Port] = []
         self._flush_pending = False
         self.inflight: dict[InFlight, None] = {}
@@ -135,8 +149,8 @@ class Port:
     def _wake(self) -> None:
         here = get_running_loop()
         if here is not None and here is not self.loop:
-            src = getattr(here, _ATTR, None)
-            if src is not None and src._ready:
+            src: Port | None = getattr(here, _ATTR, None)
+            if src is not None and src._more_ready():
                 # More work is ready on the posting loop: send one wake at the
                 # end of its iteration, for everything posted meanwhile.
                 src._outgoing.append(self)
@@ -145,6 +159,14 @@ class Port:
                     here.call_soon(src._flush)
                 return
         self._send_wake()
+
+    def _more_ready(self) -> bool:
+        """Whether this (running, stock asyncio) loop has more ready work that
+        may post: anything but its own self-pipe reader."""
+        ready = self._ready
+        if not ready:
+            return False
+        return len(ready) > 1 or callback_of(ready[0]) != self._self_reader
 
     def _flush(self) -> None:
         self._flush_pending = False

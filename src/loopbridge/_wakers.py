@@ -19,9 +19,10 @@ condition, then tests the flag.  One of the two always sees the other.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ._operation import PENDING, NotWaiting, Operation
@@ -44,12 +45,18 @@ _perf = time.perf_counter
 
 
 class _PortWaker:
-    """A caller on an event loop or trio run: wakes are posted to its port."""
+    """A caller on an event loop or trio run: wakes are posted to its port.
 
-    __slots__ = ("port",)
+    ``wake(op)`` posts ``resolve(op)`` to the port; it is a ``partial`` rather
+    than a method because it runs once per call, and the partial saves a
+    Python frame there.
+    """
 
-    def __init__(self, port: Port) -> None:
+    __slots__ = ("port", "wake")
+
+    def __init__(self, port: Port, resolve: Callable[[Operation], None]) -> None:
         self.port = port
+        self.wake: Callable[[Operation], None] = functools.partial(port.post, resolve)
 
     @property
     def label(self) -> str:
@@ -63,19 +70,24 @@ class _PortWaker:
 class LoopWaker(_PortWaker):
     """A caller on an asyncio loop: waiters are futures of that loop."""
 
-    __slots__ = ("loop",)
+    __slots__ = ("loop", "new_future")
 
     cancelled: type[BaseException] = asyncio.CancelledError
 
     def __init__(self, port: Port) -> None:
-        super().__init__(port)
-        self.loop: asyncio.AbstractEventLoop = port.loop
+        super().__init__(port, _resolve_future)
+        loop: asyncio.AbstractEventLoop = port.loop
+        self.loop = loop
+        # Stock asyncio's create_future() is a Python frame around the C
+        # Future: build that directly, unless the loop makes its own futures.
+        self.new_future: Callable[[], asyncio.Future[None]] = (
+            functools.partial(asyncio.Future, loop=loop)
+            if type(loop).create_future is asyncio.BaseEventLoop.create_future
+            else loop.create_future
+        )
 
     def arm(self, op: Operation) -> None:
-        op.waiter = self.loop.create_future()
-
-    def wake(self, op: Operation) -> None:
-        self.port.post(_resolve_future, op)
+        op.waiter = self.new_future()
 
     def park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
         """What to await (the waiter itself: no coroutine frame per call)."""
@@ -93,8 +105,7 @@ class LoopWaker(_PortWaker):
         port = self.port
         if owner not in port.watched:  # watched means a check is scheduled
             port.watch(owner)
-        fut: asyncio.Future[None] = self.loop.create_future()
-        op.waiter = fut
+        fut = op.waiter = self.new_future()
         return fut
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
@@ -128,15 +139,12 @@ class TrioWaker(_PortWaker):
     def __init__(self, port: Port) -> None:
         import trio
 
-        super().__init__(port)
+        super().__init__(port, _set_event)
         self._trio = trio
         self.cancelled: type[BaseException] = trio.Cancelled
 
     def arm(self, op: Operation) -> None:
         op.waiter = self._trio.Event()
-
-    def wake(self, op: Operation) -> None:
-        self.port.post(_set_event, op)
 
     async def arm_and_park(self, op: Operation, owner: Port) -> None:
         """``arm`` then ``park`` (a wake is posted to this run, after arming)."""

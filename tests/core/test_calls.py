@@ -342,6 +342,41 @@ def test_concurrent_calls_share_wake_ups(asyncio_owner: lb.LoopThread) -> None:
     assert to_caller <= 20 * 4, to_caller
 
 
+def test_results_posted_from_the_drain_are_not_deferred(asyncio_owner: lb.LoopThread) -> None:
+    """An eager call that finishes in the owner's drain posts its result from there.
+
+    Woken by another thread, the owner loop still has its self-pipe reader
+    queued behind the drain.  That reader posts nothing, so it is no reason to
+    defer the caller's wake-up to a flush one loop iteration later.
+    """
+    from loopbridge._ports import port_for_loop
+
+    p = lb.proxy(asyncio_owner.run(_make), eager=True)
+    loop = asyncio_owner.loop
+    owner_port = port_for_loop(loop)
+    flushes: list[object] = []
+    schedule = loop.call_soon
+
+    def call_soon(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        if callback == owner_port._flush:
+            flushes.append(callback)
+        return schedule(callback, *args, **kwargs)
+
+    async def main() -> None:
+        assert await p.echo(0) == 0  # warm up: ports exist
+        loop.call_soon = call_soon  # type: ignore[method-assign]
+        try:
+            for i in range(50):
+                assert await p.echo(i) == i
+        finally:
+            del loop.call_soon
+
+    asyncio.run(main())
+    # One flush per call when the reader counted as more work; a flush is
+    # still right when something else happens to be ready on the owner loop.
+    assert len(flushes) < 10, len(flushes)
+
+
 def test_is_proxy_and_unwrap(engine: Engine) -> None:
     p = lb.proxy(engine)
     assert lb.is_proxy(p) and not lb.is_proxy(engine)
