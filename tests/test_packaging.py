@@ -228,7 +228,7 @@ def test_licence_metadata_follows_pep_639() -> None:
 def test_the_scan_sees_what_it_must() -> None:
     # The rules above mean something only if the scan finds these known imports.
     _, optional = core_imports()
-    assert ("loopbridge._trio", "sniffio") in optional
+    assert ("loopbridge._trio", "trio") in optional
     assert ("loopbridge.pytest_plugin", "pytest") in optional
     assert "loopbridge._proxy" in reachable_from_package_import()
     assert any(

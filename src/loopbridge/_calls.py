@@ -70,7 +70,7 @@ def _returned(call: Call, t_return: float) -> Any:
     # A call the owner side cancelled has no return latency: the caller resumes
     # through a cancel, as if it had been cancelled itself.
     outcome = call.outcome
-    call.opts.stats.returned(call, t_return if outcome is not CANCELLED else 0.0)
+    call.opts.metrics.returned(call, t_return if outcome is not CANCELLED else 0.0)
     return call.value if outcome is OK else call.raise_outcome()
 
 
@@ -103,7 +103,7 @@ async def call_from_async(
 def call_from_thread(call: Call) -> Any:
     """Blocking face: run ``call`` on the owner loop, block this thread only."""
     opts = call.opts
-    if on_owner_thread(opts.own):
+    if on_owner_thread(opts.ownership):
         raise LoopAffinityError(
             f"blocking {call.what} on the owner loop's own thread would deadlock: "
             "await loopbridge.proxy(obj) instead"
@@ -115,10 +115,10 @@ def call_from_thread(call: Call) -> Any:
         waker.park(call, call.owner)  # type: ignore[arg-type]
     except BaseException:  # KeyboardInterrupt and friends: cancel the owner side
         if call.outcome is PENDING:
-            opts.stats.cancelled()
+            opts.metrics.cancelled()
             if call.request_cancel(None):
                 waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
-        opts.stats.returned(call, 0.0)
+        opts.metrics.returned(call, 0.0)
         raise
     return _returned(call, _perf())
 
@@ -132,7 +132,7 @@ async def _cancelled_by_caller(call: Call, waker: LoopWaker | TrioWaker, msg: st
     """The caller was cancelled: cancel the owner task, wait boundedly for cleanup."""
     opts = call.opts
     if call.outcome is PENDING:
-        opts.stats.cancelled()
+        opts.metrics.cancelled()
         if call.request_cancel(msg):
             await waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
-    opts.stats.returned(call, 0.0)  # admission and run, but no return: it was cancelled
+    opts.metrics.returned(call, 0.0)  # admission and run, but no return: it was cancelled

@@ -80,11 +80,11 @@ NOT_REQUESTED, REQUESTED = Cancel.NOT_REQUESTED, Cancel.REQUESTED
 class Options:
     """A proxy's settings, shared by every call and stream made through it."""
 
-    __slots__ = ("own", "stats", "window", "grace", "eager")
+    __slots__ = ("ownership", "metrics", "window", "grace", "eager")
 
-    def __init__(self, own: Ownership, window: int, grace: float, eager: bool) -> None:
-        self.own = own
-        self.stats: Metrics = own.stats
+    def __init__(self, ownership: Ownership, window: int, grace: float, eager: bool) -> None:
+        self.ownership = ownership
+        self.metrics: Metrics = ownership.metrics
         self.window = window
         self.grace = grace
         self.eager = eager
@@ -162,7 +162,7 @@ class Operation:
         self.ctx = contextvars.copy_context()
         self.what = what
         self.opts = opts
-        self.counters: Counters = opts.stats.calls  # a stream says streams
+        self.counters: Counters = opts.metrics.calls  # a stream says streams
         self.owner: Port | None = None
         self.outcome = PENDING
         self.value: Any = None
@@ -197,10 +197,10 @@ class Operation:
             raise
 
     def route(self) -> None:
-        own = self.opts.own
-        owner = own._port
+        ownership = self.opts.ownership
+        owner = ownership._port
         if owner is None or owner.dead is not None:
-            owner = own.port()
+            owner = ownership.port()
         self.owner = owner
         owner.submit(self, start_on_owner)
 
@@ -289,7 +289,7 @@ def start_on_owner(op: Operation) -> None:
     if op.outcome is not PENDING:
         return
     loop: asyncio.AbstractEventLoop = owner.loop
-    if op.opts.own._loop is not loop:
+    if op.opts.ownership._loop is not loop:
         # Ownership moved after this operation was submitted: follow it.
         owner.done(op)
         try:

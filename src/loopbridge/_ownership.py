@@ -66,7 +66,7 @@ class Ownership:
         "threadsafe",
         "_lock",
         "name",
-        "stats",
+        "metrics",
         "__weakref__",
     )
 
@@ -84,7 +84,7 @@ class Ownership:
         self.threadsafe = threadsafe
         self._lock = threading.Lock()
         self.name = name
-        self.stats = Metrics._create(name)
+        self.metrics = Metrics._create(name)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -135,12 +135,14 @@ def _has_thread_id(loop: Any) -> bool:
 # get_running_loop(), a getpid() system call per use on 3.11); ON_OWNER_LOOP
 # compares a running loop ({loop}, evaluated once) with the owner's.  The
 # affinity check skips the second half on stock loops, where the first decides.
-ON_OWNER_THREAD = "({own}._tid_check and __lb_ident() == {own}._loop." + THREAD_ID_ATTR + ")"
-ON_OWNER_LOOP = "(({loop}) is {own}._loop and {own}._loop is not None)"
+ON_OWNER_THREAD = (
+    "({ownership}._tid_check and __lb_ident() == {ownership}._loop." + THREAD_ID_ATTR + ")"
+)
+ON_OWNER_LOOP = "(({loop}) is {ownership}._loop and {ownership}._loop is not None)"
 ON_OWNER = (
     "("
     + ON_OWNER_THREAD
-    + " or (not {own}._tid_check and "
+    + " or (not {ownership}._tid_check and "
     + ON_OWNER_LOOP.replace("{loop}", "__lb_grl()")
     + "))"
 )
@@ -149,8 +151,8 @@ _get_ident = threading.get_ident
 
 on_owner_thread: Callable[[Ownership], bool] = compile_function(
     "def make(__lb_ident, __lb_grl):\n"
-    "    def on_owner_thread(own):\n"
-    f"        return {ON_OWNER.format(own='own')}\n"
+    "    def on_owner_thread(ownership):\n"
+    f"        return {ON_OWNER.format(ownership='ownership')}\n"
     "    return on_owner_thread\n",
     "on_owner_thread",
     "make",
@@ -166,9 +168,9 @@ _foreign_by_id: dict[int, tuple[Any, Ownership]] = {}
 def ownership_of(obj: object) -> Ownership | None:
     d = getattr(obj, "__dict__", None)
     if d is not None:
-        own = d.get(_ATTR)
-        if own is not None:
-            return own  # type: ignore[no-any-return]
+        ownership = d.get(_ATTR)
+        if ownership is not None:
+            return ownership  # type: ignore[no-any-return]
     try:
         return _foreign.get(obj)
     except TypeError:
@@ -176,16 +178,16 @@ def ownership_of(obj: object) -> Ownership | None:
         return entry[1] if entry is not None and entry[0] is obj else None
 
 
-def _attach(obj: object, own: Ownership) -> None:
+def _attach(obj: object, ownership: Ownership) -> None:
     d = getattr(obj, "__dict__", None)
     if d is not None:
-        d[_ATTR] = own
+        d[_ATTR] = ownership
         return
     try:
-        _foreign[obj] = own
+        _foreign[obj] = ownership
     except TypeError:
         # Neither a __dict__ nor weak references: keep it alive with its record.
-        _foreign_by_id[id(obj)] = (obj, own)
+        _foreign_by_id[id(obj)] = (obj, ownership)
 
 
 def _current_loop(loop: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop | None:
@@ -198,13 +200,13 @@ def owner_loop(obj: object) -> asyncio.AbstractEventLoop | None:
 
     Raises :class:`LoopAffinityError` if ``obj`` is not loop-affine at all.
     """
-    own = ownership_of(_unproxy(obj))
-    if own is None:
+    ownership = ownership_of(_unproxy(obj))
+    if ownership is None:
         raise LoopAffinityError(
             f"{type(obj).__qualname__} object is not loop-affine: decorate its class with "
             "@loop_affine or declare the instance with loopbridge.adopt(obj)"
         )
-    return own.loop
+    return ownership.loop
 
 
 def transfer(obj: object, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -215,8 +217,8 @@ def transfer(obj: object, loop: asyncio.AbstractEventLoop | None = None) -> None
     submitted but not yet started are re-routed to the new owner when they reach
     the old one, so a transfer never loses or misroutes a call.
     """
-    own = ownership_of(_unproxy(obj))
-    if own is None:
+    ownership = ownership_of(_unproxy(obj))
+    if ownership is None:
         raise LoopAffinityError(
             f"{type(obj).__qualname__} object is not loop-affine; use adopt(obj, loop=...) first"
         )
@@ -226,7 +228,7 @@ def transfer(obj: object, loop: asyncio.AbstractEventLoop | None = None) -> None
     if target.is_closed():
         raise OwnerLoopClosed(f"cannot transfer to {target!r}: it is closed")
     rearm(target)
-    own.set_loop(target)
+    ownership.set_loop(target)
 
 
 def adopt(
@@ -248,13 +250,13 @@ def adopt(
             f"{type(obj).__qualname__} object is already loop-affine; "
             "use loopbridge.transfer() to change its owner"
         )
-    own = Ownership(
+    ownership = Ownership(
         _current_loop(loop),
         frozenset(stable) | _class_spec(type(obj))[0],
         frozenset(threadsafe) | _class_spec(type(obj))[1],
         f"{type(obj).__qualname__} object",
     )
-    _attach(obj, own)
+    _attach(obj, ownership)
     return obj
 
 
@@ -379,10 +381,10 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _check(self: Any, fn: Callable[..., Any]) -> None:
     """The slow half of the check: this thread does not run the owner loop."""
-    own = self.__dict__.get(_ATTR)
-    if own is None:
+    ownership = self.__dict__.get(_ATTR)
+    if ownership is None:
         return
-    owner = own._loop
+    owner = ownership._loop
     if owner is None or _Policy.mode == "off":
         return
     loop = get_running_loop()
@@ -394,9 +396,9 @@ _GUARD = (
     """
 def make({make_params}):
     def guarded({params}):
-        __lb_own = {self}.__dict__.get(__lb_key)
-        if __lb_own is not None and not """
-    + ON_OWNER.format(own="__lb_own")
+        __lb_ownership = {self}.__dict__.get(__lb_key)
+        if __lb_ownership is not None and not """
+    + ON_OWNER.format(ownership="__lb_ownership")
     + """:
             __lb_check({self}, __lb_fn)
         return __lb_fn({self}, {args})
@@ -413,7 +415,7 @@ def original(fn: Any) -> Any:
 _AWAITABLE_DUNDERS = frozenset({"__aenter__", "__aexit__"})
 
 
-def classify(cls: type, own: Ownership) -> dict[str, tuple[MemberKind, Any]]:
+def classify(cls: type, ownership: Ownership) -> dict[str, tuple[MemberKind, Any]]:
     """Every member of ``cls`` (MRO order, first definition wins) with its kind.
 
     Returns ``{name: (kind, raw)}`` where ``raw`` is the unwrapped function for
@@ -428,15 +430,15 @@ def classify(cls: type, own: Ownership) -> dict[str, tuple[MemberKind, Any]]:
                 continue
             if name.startswith("__") and name.endswith("__") and name not in _AWAITABLE_DUNDERS:
                 continue
-            out[name] = (_kind(name, raw, own), raw)
+            out[name] = (_kind(name, raw, ownership), raw)
     return out
 
 
-def _kind(name: str, raw: Any, own: Ownership) -> MemberKind:
+def _kind(name: str, raw: Any, ownership: Ownership) -> MemberKind:
     fn = original(raw)
-    if name in own.stable:
+    if name in ownership.stable:
         return MemberKind.STABLE
-    if name in own.threadsafe:
+    if name in ownership.threadsafe:
         return MemberKind.THREADSAFE
     if isinstance(raw, (staticmethod, classmethod)):
         return MemberKind.CLASS_LEVEL

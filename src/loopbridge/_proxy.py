@@ -54,7 +54,7 @@ DEFAULT_GRACE = 5.0
 
 # The owner (for the same-loop test, read on every call) and the settings
 # every call and stream made through this proxy share.
-_SLOTS = ("_lb_target", "_lb_own", "_lb_opts")
+_SLOTS = ("_lb_target", "_lb_ownership", "_lb_opts")
 
 
 # ------------------------------------------------------------ member factories
@@ -65,11 +65,11 @@ _ASYNC_MEMBER = (
     """
 def make({make_params}):
     def member({params}):
-        __lb_own = {self}._lb_own
+        __lb_ownership = {self}._lb_ownership
         if """
-    + ON_OWNER_THREAD.format(own="__lb_own")
+    + ON_OWNER_THREAD.format(ownership="__lb_ownership")
     + " or "
-    + ON_OWNER_LOOP.format(own="__lb_own", loop="__lb_loop := __lb_grl()")
+    + ON_OWNER_LOOP.format(ownership="__lb_ownership", loop="__lb_loop := __lb_grl()")
     + """:
             return __lb_fn({self}._lb_target, {args})  # same loop: straight through
         return __lb_route(
@@ -127,7 +127,7 @@ async def _route_on_await(
 ) -> Any:
     loop = get_running_loop()
     if loop is not None:
-        if loop is p._lb_own._loop:
+        if loop is p._lb_ownership._loop:
             return await fn(*args, **kwargs)
         return await _route(p, loop, fn, args, kwargs, what)
     if in_trio_run():
@@ -140,7 +140,7 @@ def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def member(self: Any, *args: Any, **kwargs: Any) -> Any:
         target = self._lb_target
-        if on_owner_thread(self._lb_own):
+        if on_owner_thread(self._lb_ownership):
             return fn(target, *args, **kwargs)  # same loop: the real generator
         return RemoteStream(Channel(fn, (target, *args), kwargs, what, self._lb_opts))
 
@@ -193,13 +193,13 @@ _cache: dict[tuple[type, frozenset[str], frozenset[str]], type] = {}
 _cache_lock = threading.Lock()
 
 
-def _proxy_class(cls: type, own: Ownership) -> type:
-    key = (cls, own.stable, own.threadsafe)
+def _proxy_class(cls: type, ownership: Ownership) -> type:
+    key = (cls, ownership.stable, ownership.threadsafe)
     pcls = _cache.get(key)
     if pcls is not None:
         return pcls
     ns: dict[str, Any] = {"__slots__": _SLOTS, "__loopbridge_proxy__": True}
-    for name, (kind, raw) in classify(cls, own).items():
+    for name, (kind, raw) in classify(cls, ownership).items():
         if kind is MemberKind.ASYNC:
             ns[name] = _async_member(name, original(raw))
         elif kind is MemberKind.STREAM:
@@ -232,9 +232,9 @@ def _proxy_class(cls: type, own: Ownership) -> type:
 def _instance_attr(self: Any, name: str) -> Any:
     """Instance attributes (set in ``__init__``) that no class member describes."""
     get = object.__getattribute__
-    own: Ownership = get(self, "_lb_own")
+    ownership: Ownership = get(self, "_lb_ownership")
     target = get(self, "_lb_target")
-    if name in own.stable or name in own.threadsafe:
+    if name in ownership.stable or name in ownership.threadsafe:
         return getattr(target, name)
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
@@ -252,8 +252,8 @@ def _no_setattr(self: Any, name: str, value: Any = None) -> None:
 
 def _repr(self: Any) -> str:
     get = object.__getattribute__
-    own: Ownership = get(self, "_lb_own")
-    return f"<loopbridge proxy of {get(self, '_lb_target')!r} owned by {own.loop!r}>"
+    ownership: Ownership = get(self, "_lb_ownership")
+    return f"<loopbridge proxy of {get(self, '_lb_target')!r} owned by {ownership.loop!r}>"
 
 
 def _no_del(self: Any) -> None:
@@ -297,8 +297,8 @@ def proxy(
     """
     if getattr(type(obj), "__loopbridge_proxy__", False):
         return obj
-    own = ownership_of(obj)
-    if own is None:
+    ownership = ownership_of(obj)
+    if ownership is None:
         raise LoopAffinityError(
             f"{type(obj).__qualname__} object is not loop-affine: decorate its class with "
             "@loop_affine, or declare the instance with loopbridge.adopt(obj, loop=...)"
@@ -307,12 +307,12 @@ def proxy(
         raise ValueError(f"stream_window must be at least 1, not {stream_window}")
     if cancel_grace < 0:
         raise ValueError(f"cancel_grace must not be negative, not {cancel_grace}")
-    pcls = _proxy_class(type(obj), own)
+    pcls = _proxy_class(type(obj), ownership)
     p = cast(T, object.__new__(pcls))  # an instance of a subclass of type(obj)
     setattr_ = object.__setattr__
     setattr_(p, "_lb_target", obj)
-    setattr_(p, "_lb_own", own)
-    setattr_(p, "_lb_opts", Options(own, stream_window, cancel_grace, bool(eager)))
+    setattr_(p, "_lb_ownership", ownership)
+    setattr_(p, "_lb_opts", Options(ownership, stream_window, cancel_grace, bool(eager)))
     return p
 
 
@@ -336,7 +336,7 @@ def metrics_of(p: object) -> Metrics:
     if not getattr(type(p), "__loopbridge_proxy__", False):
         raise TypeError(f"expected a loopbridge proxy, got {type(p).__qualname__}")
     opts: Options = object.__getattribute__(p, "_lb_opts")
-    return opts.stats
+    return opts.metrics
 
 
 # ------------------------------------------------------------- blocking face

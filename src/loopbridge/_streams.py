@@ -69,7 +69,7 @@ class Channel(Operation):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # nobody to wake until iteration starts
-        self.counters = self.opts.stats.streams
+        self.counters = self.opts.metrics.streams
         window = self.opts.window
         if window < 1:
             raise ValueError(f"stream window must be at least 1, not {window}")
@@ -88,7 +88,7 @@ class Channel(Operation):
 
     # -- hooks -----------------------------------------------------------------
     def on_settled(self) -> None:
-        self.opts.stats.stream_admitted(self)
+        self.opts.metrics.stream_admitted(self)
         if self.parked:
             self.parked = False
             self.waker.wake(self)
@@ -111,7 +111,7 @@ class Channel(Operation):
         n = taken - self.counted
         if n > 0:
             self.counted = taken
-            self.opts.stats.stream_batch(n)
+            self.opts.metrics.stream_batch(n)
 
     def take(self) -> Any:
         """The next buffered item (the buffer is not empty)."""
@@ -300,7 +300,7 @@ class RemoteStream(Generic[Y]):
         ch.delivered()
         if ch.outcome is not PENDING:
             return
-        ch.opts.stats.stream_closed()
+        ch.opts.metrics.stream_closed()
         ch.request_cancel(msg)
         await waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
         ch.buf.clear()
@@ -350,7 +350,7 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
 
     def _begin(self) -> ThreadWaker:
         ch = self._ch
-        if on_owner_thread(ch.opts.own):
+        if on_owner_thread(ch.opts.ownership):
             raise LoopAffinityError(
                 f"blocking iteration of {ch.what} on the owner loop's own thread would "
                 "deadlock: use `async for` on loopbridge.proxy(obj) instead"
@@ -388,7 +388,7 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
         waker = self._waker
         if not ch.close_needed(waker is not None) or waker is None:
             return
-        ch.opts.stats.stream_closed()
+        ch.opts.metrics.stream_closed()
         ch.request_cancel(None)
         waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
         ch.buf.clear()

@@ -109,15 +109,15 @@ def test_on_owner_thread(owner: lb.LoopThread) -> None:
         return Adder()
 
     adder = owner.run(make)
-    own = _ownership.ownership_of(adder)
-    assert own is not None
+    ownership = _ownership.ownership_of(adder)
+    assert ownership is not None
 
     async def ask() -> bool:
-        return _ownership.on_owner_thread(own)
+        return _ownership.on_owner_thread(ownership)
 
     assert owner.run(ask) is True  # the owner loop's own thread
     assert asyncio.run(ask()) is False  # another loop
-    assert _ownership.on_owner_thread(own) is False  # a plain thread
+    assert _ownership.on_owner_thread(ownership) is False  # a plain thread
 
     unbound = Adder()  # made while no loop runs: no owner yet
     own_none = _ownership.ownership_of(unbound)
@@ -126,8 +126,8 @@ def test_on_owner_thread(owner: lb.LoopThread) -> None:
     assert asyncio.run(ask_none(own_none)) is False
 
 
-async def ask_none(own: Any) -> bool:
-    return _ownership.on_owner_thread(own)
+async def ask_none(ownership: Any) -> bool:
+    return _ownership.on_owner_thread(ownership)
 
 
 _where = contextvars.ContextVar("where", default="unset")
