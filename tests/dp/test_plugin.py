@@ -39,7 +39,9 @@ def test_pyproject_declares_the_entry_point() -> None:
 
 
 def test_off_unless_opted_in(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG)
+    # On the plugin's own logger: once vLLM has configured its logging, the
+    # "vllm" logger's level (INFO) would otherwise hide the debug line.
+    caplog.set_level(logging.DEBUG, logger=f"vllm.plugins.{_plugin.PLUGIN_NAME}")
     _plugin.load()
     assert not _patch.is_installed()
     assert [lvl for lvl, _ in lines(caplog)] == [logging.DEBUG]
