@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 releases=$(ls requirements/vllm-*-cpu.txt | sed 's|.*/vllm-\(.*\)-cpu\.txt|\1|' | sort -V)
 newest=$(echo "$releases" | tail -n 1)
 release=${LOOPBRIDGE_VLLM:-$newest}
-if ! echo "$releases" | grep -qxF "$release"; then
+if ! grep -qxF "$release" <<<"$releases"; then
     echo "setup: LOOPBRIDGE_VLLM=$release is not a supported vLLM release (supported: $(echo $releases))" >&2
     exit 2
 fi
