@@ -132,7 +132,7 @@ def _owner_thread(port: Port, frames: dict[int, FrameType]) -> tuple[str | None,
     return name, (_where(frame) if frame is not None else None)
 
 
-def _snapshot(d: dict[Any, None]) -> list[Any]:
+def _snapshot(d: dict[Any, None] | set[Any]) -> list[Any]:
     while True:
         try:
             return list(d)
@@ -155,23 +155,32 @@ def dump_inflight() -> list[dict[str, Any]]:
     frames = sys._current_frames()
     now = time.perf_counter()
     out: list[dict[str, Any]] = []
-    for port in ports:
+    # In flight towards each loop, then callers parked on each loop whose
+    # operation has left every in-flight set (settled, its wake not delivered yet).
+    pairs = [(port, op) for port in ports for op in _snapshot(port.inflight)]
+    listed = {id(op) for _, op in pairs}
+    pairs += [
+        (op.owner, op)
+        for port in ports
+        for op in _snapshot(port.waiting)
+        if id(op) not in listed and op.owner is not None and not op.waiter.done()
+    ]
+    for port, op in pairs:
         owner_thread, owner_thread_at = _owner_thread(port, frames)
-        for op in _snapshot(port.inflight):
-            entry = op.describe()
-            entry["owner_thread"] = owner_thread
-            entry["owner_thread_at"] = owner_thread_at
-            entry["submitted_at"] = getattr(op, "site", None)
-            if entry["kind"] == "stream":
-                t_parked = getattr(op, "t_parked", 0.0)
-                parked = entry.get("consumer_parked") and t_parked
-                entry["parked_s"] = round(now - t_parked, 6) if parked else None
-                agen = getattr(op, "agen", None)
-                entry["owner_at"] = _await_chain(agen) if agen is not None else []
-            else:
-                task = getattr(op, "task", None)
-                entry["owner_at"] = _await_chain(task.get_coro()) if task is not None else []
-            out.append(entry)
+        entry = op.describe()
+        entry["owner_thread"] = owner_thread
+        entry["owner_thread_at"] = owner_thread_at
+        entry["submitted_at"] = getattr(op, "site", None)
+        if entry["kind"] == "stream":
+            t_parked = getattr(op, "t_parked", 0.0)
+            parked = entry.get("consumer_parked") and t_parked
+            entry["parked_s"] = round(now - t_parked, 6) if parked else None
+            agen = getattr(op, "agen", None)
+            entry["owner_at"] = _await_chain(agen) if agen is not None else []
+        else:
+            task = getattr(op, "task", None)
+            entry["owner_at"] = _await_chain(task.get_coro()) if task is not None else []
+        out.append(entry)
     out.sort(key=lambda e: -float(e["waiting_s"]))
     return out
 
@@ -188,7 +197,9 @@ def format_inflight(entries: list[dict[str, Any]] | None = None) -> str:
         lines.append(f"{e['kind']} {e['what']}")
         lines.append(f"  {e['caller']} (thread {e['submitted_from_thread']!r}) waits on {owner}")
         state = f"  waiting {e['waiting_s']:.3f} s"
-        if e["kind"] == "call":
+        if e.get("outcome", "pending") != "pending":
+            state += f", settled ({e['outcome']}) but the caller is not woken yet"
+        elif e["kind"] == "call":
             if e.get("running_s") is not None:
                 state += f", running on the owner for {e['running_s']:.3f} s"
             else:

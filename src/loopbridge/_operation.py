@@ -11,14 +11,21 @@ Invariants:
 
 * ``outcome`` leaves :attr:`Outcome.PENDING` exactly once; the first writer
   wins (the owner task, a cancel, and owner death may race from different
-  threads) and ``settle()`` ignores later ones.
+  threads).  The latch is leaving the owner port's in-flight set
+  (:meth:`Port.leave`, one atomic ``dict.pop``): only the thread that took the
+  operation out records an outcome, so an outcome is never paired with another
+  writer's value nor counted twice.
+* the caller is woken after the outcome is recorded, from whichever thread
+  recorded it; see :mod:`loopbridge._ports` for why a wake, once posted, is
+  never lost even if the loop that posted it stops at once.
 * ``cancel`` is :attr:`Cancel.REQUESTED` only when the *caller* asked (before
   it posts the cancel).  The owner side reads it to tell a caller's cancel
   (the caller already knows) from one made on the owner side, which reaches
   the caller as a cancel, or as :class:`~loopbridge.OwnerLoopClosed` when the
   owner loop is shutting down.
 * every operation is in its owner port's ``inflight`` set from submission to
-  settlement, so owner death fails it instead of leaving it waiting.
+  settlement (or to its move to a new owner after a transfer), so owner death
+  fails it instead of leaving it waiting.
 """
 
 from __future__ import annotations
@@ -223,21 +230,23 @@ class Operation:
 
     # -- any thread ------------------------------------------------------------
     def settle(self, outcome: Outcome, value: Any) -> None:
-        """Record the outcome once and wake the caller."""
-        if self.outcome is not PENDING:
-            return
-        self.value = value
-        self.outcome = outcome
-        self.t_end = _perf()
+        """Record the outcome and wake the caller, if no one has settled it yet."""
         owner = self.owner
-        if owner is not None:
-            owner.inflight.pop(self, None)
+        if owner is not None and owner.leave(self):
+            self.record(outcome, value)
+
+    def record(self, outcome: Outcome, value: Any) -> None:
+        """Record the outcome and wake the caller: only the latch's winner calls this."""
+        self.value = value
+        self.t_end = _perf()
+        self.outcome = outcome  # last: readers on other threads test it first
         c = self.counters
         next(c.ok if outcome is OK else c.errors if outcome is ERROR else c.cancelled)
         self.on_settled()
 
     def owner_died(self, exc: BaseException) -> None:
-        self.settle(ERROR, exc)
+        """The owner's port took this operation out of its in-flight set: fail it."""
+        self.record(ERROR, exc)
 
     def raise_outcome(self) -> Any:
         """Return the value or raise the owner's exception (caller side)."""
@@ -263,6 +272,7 @@ class Operation:
             "running_s": round(now - self.t_start, 6) if self.t_start else None,
             "started": bool(self.t_start),
             "cancel_requested": self.cancel is REQUESTED,
+            "outcome": self.outcome.value,
         }
 
     # -- owner side ------------------------------------------------------------
@@ -290,12 +300,13 @@ def start_on_owner(op: Operation) -> None:
         return
     loop: asyncio.AbstractEventLoop = owner.loop
     if op.opts.ownership._loop is not loop:
-        # Ownership moved after this operation was submitted: follow it.
-        owner.done(op)
-        try:
-            op.route()
-        except BaseException as exc:
-            op.settle(ERROR, exc)
+        # Ownership moved after this operation was submitted: follow it,
+        # unless someone settled it meanwhile (then leave() is False).
+        if owner.leave(op):
+            try:
+                op.route()
+            except BaseException as exc:  # registered nowhere now: record here
+                op.record(ERROR, exc)
         return
     if op.cancel is REQUESTED:
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))

@@ -22,9 +22,29 @@ immediately lets the other loop start draining a half-built batch.  The loop's
 own self-pipe reader does not count as more work: it posts nothing, and
 waiting for it cost a whole extra loop iteration per call at low concurrency.
 
+A deferred wake is a *debt* of the posting loop (the debtor, ``_deferred_by``):
+paid by its flush at the end of its iteration.  A loop can stop after the
+iteration that deferred, and never run that flush (``loop.stop()`` then
+``loop.close()``; a loop driven by ``run_until_complete`` that is not run
+again).  So a debt never depends on the debtor alone:
+
+* a port that is shutting down (dead) never defers, and pays its debts when it
+  dies on its own thread;
+* every liveness check of a port (:meth:`Port.check_alive`, made by whoever
+  waits on it) sends the wake itself when its debtor is no longer running;
+* a loop with callers parked on it ticks every ``LIVENESS_INTERVAL`` while any
+  of them waits, and each tick drains that loop's own inbox and checks the
+  owner each parked operation now belongs to.
+
+Invariant: a parked caller's wait ends within two liveness intervals of its
+operation being settled or its owner loop dying, whatever the order of the
+settle, the death, the park and the debtor's stop.
+
 Ports also track every call and stream in flight towards their loop, so that when
 the loop stops or closes each of them can be failed with
-:class:`~loopbridge.OwnerLoopClosed` instead of hanging.
+:class:`~loopbridge.OwnerLoopClosed` instead of hanging.  Leaving a port's
+in-flight set (one atomic ``dict.pop``) is an operation's settle latch: the
+first writer to remove it records the outcome, and every later one does nothing.
 """
 
 from __future__ import annotations
@@ -68,7 +88,10 @@ class InFlight(Protocol):
     """A call or stream registered with the port of the loop it runs on."""
 
     def owner_died(self, exc: BaseException) -> None:
-        """Fail this operation because its owner loop is gone (any thread)."""
+        """Fail this operation because its owner loop is gone (any thread).
+
+        Called only by the thread that removed it from the in-flight set.
+        """
 
     def describe(self) -> dict[str, Any]:
         """A snapshot for hang diagnosis."""
@@ -92,8 +115,9 @@ class Port:
         "ran",
         "_stopped_checks",
         "_keeper",
-        "watched",
-        "_watch_handle",
+        "_deferred_by",
+        "waiting",
+        "_tick_handle",
         "thread_id",
         "_wakes",
         "waker",
@@ -125,10 +149,12 @@ class Port:
         self.ran = False
         self._stopped_checks = 0
         self._keeper: asyncio.Task[None] | None = None
-        # Owner ports that callers on *this* loop are waiting on.
-        # Non-empty exactly while a check of them is scheduled (loop thread only).
-        self.watched: set[Port] = set()
-        self._watch_handle: asyncio.TimerHandle | None = None
+        # The loop that owes this port a deferred wake, if any.
+        self._deferred_by: Port | None = None
+        # Operations that callers on *this* loop are parked on; a tick is
+        # scheduled exactly while it is non-empty (loop thread only).
+        self.waiting: set[Any] = set()
+        self._tick_handle: asyncio.TimerHandle | None = None
         # The thread seen running this loop (for hang dumps; uvloop has no _thread_id).
         self.thread_id: int | None = None
         self._wakes = itertools.count()  # exact from any thread
@@ -150,9 +176,10 @@ class Port:
         here = get_running_loop()
         if here is not None and here is not self.loop:
             src: Port | None = getattr(here, _ATTR, None)
-            if src is not None and src._more_ready():
+            if src is not None and src.dead is None and src._more_ready():
                 # More work is ready on the posting loop: send one wake at the
                 # end of its iteration, for everything posted meanwhile.
+                self._deferred_by = src
                 src._outgoing.append(self)
                 if not src._flush_pending:
                     src._flush_pending = True
@@ -180,6 +207,7 @@ class Port:
         return counter_value(self._wakes)
 
     def _send_wake(self) -> None:
+        self._deferred_by = None
         next(self._wakes)
         try:
             self._schedule_threadsafe(self._drain)
@@ -208,16 +236,29 @@ class Port:
             raise _fresh(self.dead)
         self.inflight[op] = None
         self.post(start, op)
-        if self.dead is not None:  # died while we were posting
-            self.inflight.pop(op, None)
+        # Died while we were posting: fail here, unless die() took the
+        # operation out first (then it has failed it and woken its caller).
+        if self.dead is not None and self.leave(op):
             raise _fresh(self.dead)
 
-    def done(self, op: InFlight) -> None:
-        self.inflight.pop(op, None)
+    def leave(self, op: InFlight) -> bool:
+        """Take ``op`` out of the in-flight set: the settle latch.
+
+        True for exactly one caller per registration (``dict.pop`` is atomic);
+        that caller, and only it, records the operation's outcome.
+        """
+        return self.inflight.pop(op, _ABSENT) is not _ABSENT
 
     # ----------------------------------------------------------------- liveness
     def check_alive(self) -> bool:
-        """Detect a stopped or closed loop; fail everything in flight if so."""
+        """Detect a stopped or closed loop; fail everything in flight if so.
+
+        Also pays a wake this port is owed by a loop that stopped before its
+        flush ran (any thread: everyone who waits on this port asks this).
+        """
+        debtor = self._deferred_by
+        if debtor is not None and (debtor.dead is not None or not debtor.is_running()):
+            self._send_wake()
         if self.dead is not None:
             return False
         loop = self.loop
@@ -250,32 +291,54 @@ class Port:
             if _ports.get(self.loop) is self:
                 del _ports[self.loop]
         for op in list(self.inflight):
-            self.inflight.pop(op, None)
-            try:
-                op.owner_died(_fresh(exc))
-            except Exception:  # pragma: no cover - defensive: keep failing the rest
-                pass
+            if self.leave(op):
+                try:
+                    op.owner_died(_fresh(exc))
+                except Exception:  # pragma: no cover - defensive: keep failing the rest
+                    pass
+        # A dead port defers no more wakes; pay those it owes now, if this is
+        # its own thread (only that thread touches its outgoing list).
+        if self._outgoing and self.thread_id == threading.get_ident():
+            self._flush()
+
+    def is_running(self) -> bool:
+        """Whether this port's loop runs now (a trio run always does)."""
+        is_running = getattr(self.loop, "is_running", None)
+        return is_running is None or bool(is_running())
 
     # -------------------------------------------------- caller-side watchdog
-    def watch(self, owner: Port) -> None:
-        """A caller on this (asyncio) loop waits on ``owner``.  Loop thread only.
+    def park(self, op: Any) -> None:
+        """A caller on this (asyncio) loop parks on ``op``.  Loop thread only.
 
-        While any watched owner has work in flight, a timer on this loop checks
-        that the owner is alive; that is how a caller notices an owner loop
-        that was stopped without cancelling its tasks.
+        While any caller here is parked, a tick on this loop every liveness
+        interval drains this loop's inbox (a wake owed by a loop that stopped
+        before paying it) and checks that each parked operation's current owner
+        is alive: that is how a caller notices an owner loop that was stopped
+        without cancelling its tasks.
         """
-        self.watched.add(owner)
-        if self._watch_handle is None:
-            self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
+        self.waiting.add(op)
+        if self._tick_handle is None:
+            self._tick_handle = self.loop.call_later(LIVENESS_INTERVAL, self._tick)
 
-    def _check_watched(self) -> None:
-        self._watch_handle = None
-        watched = self.watched
-        for owner in list(watched):
-            if not owner.inflight or not owner.check_alive():
-                watched.discard(owner)
-        if watched:
-            self._watch_handle = self.loop.call_later(LIVENESS_INTERVAL, self._check_watched)
+    def drain_owed(self) -> None:
+        """Drain now what is queued here (this loop's own thread only).
+
+        Normally a no-op: it matters when a wake this port is owed was deferred
+        by a loop that stopped before sending it.
+        """
+        if self._inbox:
+            self._drain()
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        self.drain_owed()
+        # A caller whose waiter is done has been woken: it no longer waits.
+        waiting = self.waiting = {op for op in self.waiting if not op.waiter.done()}
+        for owner in {op.owner for op in waiting}:
+            if owner is not None:
+                owner.check_alive()
+        if waiting:
+            self._tick_handle = self.loop.call_later(LIVENESS_INTERVAL, self._tick)
 
     # ------------------------------------------------------------ the keeper
     def _start_keeper(self, _: object = None) -> None:
@@ -293,7 +356,7 @@ class Port:
         await self.loop.create_future()
 
     def _keeper_done(self, _: object) -> None:
-        self.die(OwnerLoopClosed(f"{self.label} is shutting down"))
+        self.die(OwnerLoopClosed(f"{self.label} is shutting down"))  # on this loop's thread
 
     def shutting_down(self) -> bool:
         """Whether a shutdown sweep (which cancels the keeper) has begun.
@@ -321,6 +384,7 @@ def _fresh(exc: BaseException) -> BaseException:
     return type(exc)(*exc.args)
 
 
+_ABSENT = object()
 _ATTR = PORT_ATTR = "_loopbridge_port"
 _registry_lock = threading.Lock()
 _ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()

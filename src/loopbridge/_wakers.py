@@ -91,8 +91,8 @@ class LoopWaker(_PortWaker):
 
     def park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
         """What to await (the waiter itself: no coroutine frame per call)."""
-        # Liveness: one shared timer on this loop checks the owners its callers wait on.
-        self.port.watch(owner)
+        # Liveness: one shared tick on this loop checks what its callers wait on.
+        self.port.park(op)
         fut: asyncio.Future[None] = op.waiter
         return fut
 
@@ -102,10 +102,8 @@ class LoopWaker(_PortWaker):
         Safe because a wake is posted to this loop and runs on this thread,
         after the caller has armed.
         """
-        port = self.port
-        if owner not in port.watched:  # watched means a check is scheduled
-            port.watch(owner)
         fut = op.waiter = self.new_future()
+        self.port.park(op)
         return fut
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
@@ -154,10 +152,12 @@ class TrioWaker(_PortWaker):
     async def park(self, op: Operation, owner: Port) -> None:
         event: trio.Event = op.waiter
         move_on_after = self._trio.move_on_after
+        port = self.port
         while not event.is_set():
             with move_on_after(LIVENESS_INTERVAL):
                 await event.wait()
-            owner.check_alive()
+            port.drain_owed()
+            (op.owner or owner).check_alive()
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
         trio = self._trio
@@ -198,7 +198,7 @@ class ThreadWaker:
     def park(self, op: Operation, owner: Port) -> None:
         lock: threading.Lock = op.waiter
         while not lock.acquire(timeout=LIVENESS_INTERVAL):
-            owner.check_alive()
+            (op.owner or owner).check_alive()
 
     def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
         for timeout in _rounds(self, op, grace):

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import pytest
 
 import loopbridge as lb
+import loopbridge.metrics
+
+T = TypeVar("T")
 
 
 @lb.loop_affine(stable=("name",), threadsafe=("describe",))
@@ -72,6 +76,22 @@ async def until_set(event: threading.Event, timeout: float = 30.0) -> None:
     """Wait, without blocking the running loop, for an event another thread sets."""
     if not await asyncio.to_thread(event.wait, timeout):
         raise AssertionError(f"not set within {timeout} s")
+
+
+def hang_dump(what: str) -> str:
+    """Print loopbridge's hang dump (what each parked caller waits on) to stderr,
+    where pytest shows it with the failure; return the failure message."""
+    sys.stderr.write(f"{what}: loopbridge hang dump follows\n{lb.metrics.format_inflight()}")
+    sys.stderr.flush()
+    return f"{what} (loopbridge's hang dump is in the captured stderr)"
+
+
+async def within(aw: Awaitable[T], seconds: float, what: str = "hung") -> T:
+    """``asyncio.wait_for`` that prints the hang dump before failing on a hang."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except asyncio.TimeoutError:  # TimeoutError itself from 3.11 on
+        raise AssertionError(hang_dump(f"{what}: not done within {seconds} s")) from None
 
 
 async def _new_engine(name: str = "engine") -> Engine:

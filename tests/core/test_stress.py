@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import loopbridge as lb
 import loopbridge.metrics
 
-from .conftest import Engine, tasks_on
+from .conftest import Engine, hang_dump, tasks_on, within
 
 
 def test_many_loops_and_threads_at_once(owner: lb.LoopThread, engine: Engine) -> None:
@@ -68,6 +68,8 @@ def test_many_loops_and_threads_at_once(owner: lb.LoopThread, engine: Engine) ->
         t.start()
     for t in threads:
         t.join(120)
+    hung = [t.name for t in threads if t.is_alive()]
+    assert not hung, hang_dump(f"threads still running after 120 s: {hung}")
     assert not errors, errors[:3]
     assert not tasks_on(owner.loop)
     snap = lb.metrics.metrics_of(p).snapshot()
@@ -143,7 +145,7 @@ def test_random_interleavings_leave_nothing_behind(ops: list[tuple[Any, ...]]) -
             assert killed.is_set()
 
     async def main() -> None:
-        await asyncio.wait_for(asyncio.gather(*(one(s) for s in ops)), 20)
+        await within(asyncio.gather(*(one(s) for s in ops)), 20, f"ops={ops!r}")
 
     try:
         asyncio.run(main())
