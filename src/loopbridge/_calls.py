@@ -95,8 +95,10 @@ async def call_from_async(
     try:
         await waker.arm_and_park(call, call.owner)  # type: ignore[arg-type]
     except waker.cancelled as exc:
+        waker.unpark(call)
         await _cancelled_by_caller(call, waker, cancel_message(exc))
         raise
+    waker.unpark(call)
     return _returned(call, _perf())
 
 

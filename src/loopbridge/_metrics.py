@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import compress, repeat, starmap
 from operator import sub as _sub
@@ -63,7 +63,8 @@ _STREAM_KEYS = ("completed", "errors", "cancelled", "consumer_closes", "opened",
 
 
 class Histogram:
-    """Log2 buckets: a sample goes to the first bucket whose bound is >= it.
+    """Log2 buckets: a sample goes to the first bucket whose bound is >= it
+    (Prometheus' ``le``: a value equal to a bound counts in that bound's bucket).
 
     ``items=False``: seconds, bounds :data:`BUCKETS`.  ``items=True``: counts of
     items, bounds :data:`ITEM_BUCKETS` (exact: a batch of 3 lands in "<= 4").
@@ -84,12 +85,10 @@ class Histogram:
 
     def observe(self, value: float) -> None:
         if self.items:
-            v = int(value)
+            v = int(value)  # an integer count: v <= 2**i exactly when (v - 1) < 2**i
             i = (v - 1).bit_length() if v > 0 else 0
         else:
-            # int(µs) < 2**i exactly when value < 2**i µs.
-            us = int(value * 1e6)
-            i = us.bit_length() if us > 0 else 0
+            i = bisect_left(BUCKETS, value)  # the first bound >= value (Prometheus' le)
         self.counts[i if i < _NB else _NB] += 1
         self.total += value
         self.n += 1
@@ -239,12 +238,12 @@ def _observe_all(h: Histogram, values: list[float]) -> None:
     values.sort()
     if values[-1] > h.max:
         h.max = values[-1]
-    # Bucket i holds BUCKETS[i-1] <= v < BUCKETS[i] (Histogram.observe's
-    # int(v * 1e6).bit_length()): count them with one bisection per bound.
+    # Bucket i holds BUCKETS[i-1] < v <= BUCKETS[i], as Prometheus' "le" (and
+    # Histogram.observe) say: count them with one bisection per bound.
     counts = h.counts
     below = 0
     for i, bound in enumerate(BUCKETS):
-        upto = bisect_left(values, bound)
+        upto = bisect_right(values, bound)
         counts[i] += upto - below
         below = upto
     counts[_NB] += len(values) - below

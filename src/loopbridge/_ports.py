@@ -332,9 +332,8 @@ class Port:
     def _tick(self) -> None:
         self._tick_handle = None
         self.drain_owed()
-        # A caller whose waiter is done has been woken: it no longer waits.
-        waiting = self.waiting = {op for op in self.waiting if not op.waiter.done()}
-        for owner in {op.owner for op in waiting}:
+        waiting = self.waiting
+        for owner in {op.owner for op in list(waiting)}:
             if owner is not None:
                 owner.check_alive()
         if waiting:

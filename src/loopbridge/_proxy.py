@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
@@ -22,12 +23,12 @@ from ._errors import LoopAffinityError
 from ._metrics import Metrics
 from ._operation import Options
 from ._ownership import (
+    ON_OWNER,
     ON_OWNER_LOOP,
     ON_OWNER_THREAD,
     MemberKind,
     Ownership,
     classify,
-    on_owner_thread,
     original,
     ownership_of,
 )
@@ -92,15 +93,16 @@ def _async_member(name: str, fn: Callable[..., Any], generic: bool = False) -> C
         __lb_route=_route,
         __lb_what=f"{fn.__qualname__}()",
     )
-    return _describe(member, name, fn, "async")
+    return _describe(member, name, fn, MemberKind.ASYNC)
 
 
 def _describe(
-    member: Callable[..., Any], name: str, fn: Callable[..., Any], kind: str
+    member: Callable[..., Any], name: str, fn: Callable[..., Any], kind: MemberKind
 ) -> Callable[..., Any]:
     member.__name__ = name
     member.__qualname__ = fn.__qualname__
     member.__doc__ = fn.__doc__
+    member.__annotations__ = dict(getattr(fn, "__annotations__", {}))
     member.__wrapped__ = fn  # type: ignore[attr-defined]
     member.__loopbridge_kind__ = kind  # type: ignore[attr-defined]
     return member
@@ -135,16 +137,38 @@ async def _route_on_await(
     raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 
+_STREAM_MEMBER = (
+    """
+def make({make_params}):
+    def member({params}):
+        __lb_ownership = {self}._lb_ownership
+        if """
+    + ON_OWNER.format(ownership="__lb_ownership")
+    + """:
+            return __lb_fn({self}._lb_target, {args})  # same loop: the real generator
+        return __lb_stream(
+            __lb_channel(
+                __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what, {self}._lb_opts
+            )
+        )
+    return member
+"""
+)
+
+
 def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    what = f"{fn.__qualname__}()"
-
-    def member(self: Any, *args: Any, **kwargs: Any) -> Any:
-        target = self._lb_target
-        if on_owner_thread(self._lb_ownership):
-            return fn(target, *args, **kwargs)  # same loop: the real generator
-        return RemoteStream(Channel(fn, (target, *args), kwargs, what, self._lb_opts))
-
-    return _describe(member, name, fn, "stream")
+    member = build(
+        _STREAM_MEMBER,
+        fn,
+        "proxy stream member",
+        __lb_fn=fn,
+        __lb_ident=threading.get_ident,
+        __lb_grl=get_running_loop,
+        __lb_stream=RemoteStream,
+        __lb_channel=Channel,
+        __lb_what=f"{fn.__qualname__}()",
+    )
+    return _describe(member, name, fn, MemberKind.STREAM)
 
 
 class _Passthrough:
@@ -364,30 +388,12 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
         member = members.get(name)
         if member is not None:
             return member
-        pcls = type(p)
-        raw = getattr(pcls, name, None)
-        fn = getattr(raw, "__wrapped__", None)
-        target = object.__getattribute__(p, "_lb_target")
-        opts: Options = object.__getattribute__(p, "_lb_opts")
-        kind = getattr(raw, "__loopbridge_kind__", None)
-        if fn is not None and kind == "async":
-            what = f"{fn.__qualname__}()"
-
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return call_from_thread(Call(fn, (target, *args), kwargs, what, opts))
-
-            member = call
-        elif fn is not None and kind == "stream":
-            what = f"{fn.__qualname__}()"
-
-            def iterate(*args: Any, **kwargs: Any) -> Any:
-                return BlockingStream._create(Channel(fn, (target, *args), kwargs, what, opts))
-
-            member = iterate
-        else:
+        unbound = _blocking_member(type(p), name)
+        if unbound is None:
             return getattr(p, name)  # passthrough, or the proxy's own refusal
-        member.__name__ = name
-        members[name] = member
+        member = members[name] = types.MethodType(
+            unbound, _Bound(get(p, "_lb_target"), get(p, "_lb_opts"))
+        )
         return member
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -395,6 +401,80 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
 
     def __repr__(self) -> str:
         return f"<loopbridge blocking face of {object.__getattribute__(self, '_lb_proxy')!r}>"
+
+
+class _Bound:
+    """What a blocking member is bound to: the target and its proxy's settings."""
+
+    __slots__ = ("target", "opts")
+
+    def __init__(self, target: Any, opts: Options) -> None:
+        self.target = target
+        self.opts = opts
+
+
+# The blocking face's members, rendered from the proxy member's original with
+# the same signature machinery; ``{self}`` is a _Bound.
+_BLOCKING_CALL = """
+def make({make_params}):
+    def member({params}):
+        return __lb_run(
+            __lb_call(__lb_fn, ({self}.target, {positional}), {keywords}, __lb_what, {self}.opts)
+        )
+    return member
+"""
+_BLOCKING_STREAM = """
+def make({make_params}):
+    def member({params}):
+        return __lb_stream(
+            __lb_channel(__lb_fn, ({self}.target, {positional}), {keywords}, __lb_what, {self}.opts)
+        )
+    return member
+"""
+_blocking_members: dict[tuple[type, str], Callable[..., Any] | None] = {}
+
+
+def _blocking_member(pcls: type, name: str) -> Callable[..., Any] | None:
+    """The unbound blocking member ``name`` of proxy class ``pcls`` (None: not marshalled)."""
+    key = (pcls, name)
+    try:
+        return _blocking_members[key]
+    except KeyError:
+        pass
+    raw = getattr(pcls, name, None)
+    fn = getattr(raw, "__wrapped__", None)
+    kind = getattr(raw, "__loopbridge_kind__", None)
+    member: Callable[..., Any] | None = None
+    if fn is not None and kind is MemberKind.ASYNC:
+        member = build(
+            _BLOCKING_CALL,
+            fn,
+            "blocking member",
+            __lb_fn=fn,
+            __lb_run=call_from_thread,
+            __lb_call=Call,
+            __lb_what=f"{fn.__qualname__}()",
+        )
+    elif fn is not None and kind is MemberKind.STREAM:
+        member = build(
+            _BLOCKING_STREAM,
+            fn,
+            "blocking stream member",
+            __lb_fn=fn,
+            __lb_stream=BlockingStream._create,
+            __lb_channel=Channel,
+            __lb_what=f"{fn.__qualname__}()",
+        )
+    if member is not None:
+        member.__name__ = name
+        member.__qualname__ = fn.__qualname__  # type: ignore[union-attr]
+        member.__doc__ = fn.__doc__
+        annotations = dict(getattr(fn, "__annotations__", {}))
+        if kind is MemberKind.STREAM:  # a BlockingStream, not the async iterator
+            annotations.pop("return", None)
+        member.__annotations__ = annotations
+    _blocking_members.setdefault(key, member)
+    return _blocking_members[key]
 
 
 def blocking(p: T) -> Blocking[T]:

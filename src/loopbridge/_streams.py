@@ -289,9 +289,11 @@ class RemoteStream(Generic[Y]):
                 try:
                     await waker.park(ch, ch.owner)  # type: ignore[arg-type]
                 except waker.cancelled as exc:
+                    waker.unpark(ch)
                     ch.parked = False
                     await self._close_and_wait(waker, cancel_message(exc))
                     raise
+                waker.unpark(ch)
         return ch.take()  # type: ignore[no-any-return]
 
     async def _close_and_wait(self, waker: LoopWaker | TrioWaker, msg: str | None) -> None:

@@ -106,6 +106,10 @@ class LoopWaker(_PortWaker):
         self.port.park(op)
         return fut
 
+    def unpark(self, op: Operation) -> None:
+        """The caller resumed: it no longer waits on ``op``."""
+        self.port.waiting.discard(op)
+
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
             timer = self.loop.call_later(timeout, _resolve, op.waiter)
@@ -148,6 +152,9 @@ class TrioWaker(_PortWaker):
         """``arm`` then ``park`` (a wake is posted to this run, after arming)."""
         self.arm(op)
         await self.park(op, owner)
+
+    def unpark(self, op: Operation) -> None:
+        """Nothing to forget: a trio caller checks on its own while it waits."""
 
     async def park(self, op: Operation, owner: Port) -> None:
         event: trio.Event = op.waiter

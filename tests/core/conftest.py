@@ -25,6 +25,7 @@ class Engine:
         # Set on the owner loop when a member starts: tests wait for these
         # instead of sleeping until the call has probably got there.
         self.started = {"sleep": threading.Event(), "count": threading.Event()}
+        self.count_finished = threading.Event()  # count()'s finally has run
 
     def describe(self) -> str:
         return f"engine {self.name}"
@@ -70,6 +71,7 @@ class Engine:
             raise
         finally:
             self.log.append(("finally", asyncio.get_running_loop()))
+            self.count_finished.set()
 
 
 async def until_set(event: threading.Event, timeout: float = 30.0) -> None:

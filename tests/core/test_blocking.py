@@ -78,9 +78,12 @@ def test_loop_thread_run_and_errors() -> None:
         async def add(a: int, b: int) -> int:
             return a + b
 
+        async def runs_on() -> threading.Thread:
+            return threading.current_thread()
+
         assert t.run(add, 2, 3) == 5
         assert t.running
-        assert threading.current_thread() is not None
+        assert t.run(runs_on) is t.thread is not threading.current_thread()
     assert not t.running
     with pytest.raises(lb.OwnerLoopClosed):
         t.run(add, 1, 1)

@@ -12,7 +12,7 @@ import pytest
 import loopbridge as lb
 import loopbridge.metrics
 
-from .conftest import Engine, tasks_on
+from .conftest import Engine, tasks_on, until_set
 
 
 def test_items_flow_in_order(owner: lb.LoopThread, engine: Engine) -> None:
@@ -38,6 +38,8 @@ def test_consumer_exit_closes_the_generator_on_the_owner_loop(
                 if i == 3:
                     break
             gc.collect()
+            # Dropping the stream closes the generator without waiting for it.
+            await until_set(engine.count_finished)
         elif how == "aclose":
             stream = p.count(10**9, delay=0.001)
             assert await stream.__anext__() == 0
@@ -57,10 +59,6 @@ def test_consumer_exit_closes_the_generator_on_the_owner_loop(
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert ("finally", owner.loop) in engine.log
-        for _ in range(100):
-            if ("finally", owner.loop) in engine.log:
-                break
-            await asyncio.sleep(0.01)
 
     asyncio.run(main())
     # The generator's own handlers and finally ran, on the owner loop.
