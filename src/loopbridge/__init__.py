@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os as _os
 
-from ._errors import LoopAffinityError, OwnerLoopClosed
+from ._errors import LoopAffinityError, OwnerLoopClosed, UnsupportedRuntime
 from ._loop_thread import LoopThread
 from ._ownership import adopt, loop_affine, owner_loop, set_affinity_check, transfer
 from ._proxy import Blocking, blocking, is_proxy, proxy, unwrap
@@ -33,6 +33,7 @@ __all__ = [
     "set_affinity_check",
     "LoopAffinityError",
     "OwnerLoopClosed",
+    "UnsupportedRuntime",
     "Blocking",
     "BlockingStream",
 ]

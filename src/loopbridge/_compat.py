@@ -26,8 +26,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._errors import UnsupportedRuntime
+
 __all__ = [
     "UnsupportedRuntime",
+    "gil_enabled",
+    "check_gil",
     "get_running_loop",
     "counter_value",
     "is_stock_loop",
@@ -47,10 +51,6 @@ __all__ = [
 _VERSION = ".".join(map(str, sys.version_info[:3]))
 
 
-class UnsupportedRuntime(RuntimeError):
-    """An internal that loopbridge relies on is missing from this Python or loop."""
-
-
 def require(ok: bool, internal: str, used_for: str) -> None:
     """Raise :class:`UnsupportedRuntime` unless ``ok``."""
     if not ok:
@@ -61,6 +61,30 @@ def require(ok: bool, internal: str, used_for: str) -> None:
 
 
 # -------------------------------------------------------------- process-wide
+def gil_enabled() -> bool:
+    """Whether the GIL is on (always, before free-threaded builds existed)."""
+    is_gil_enabled = getattr(sys, "_is_gil_enabled", None)
+    return True if is_gil_enabled is None else bool(is_gil_enabled())
+
+
+def check_gil() -> None:
+    """Refuse a free-threaded interpreter running with the GIL disabled.
+
+    The cross-thread handshakes (docs/concepts.md lists each) are lock-free and
+    rely on the GIL for atomic, ordered reads and writes; without it they would
+    fail silently and rarely, which is worse than not starting.
+    """
+    if not gil_enabled():
+        raise UnsupportedRuntime(
+            f"loopbridge needs the GIL, and this free-threaded Python {_VERSION} runs with it "
+            "disabled: its cross-thread handshakes (the settle latch, port wake-ups, the "
+            "parked flags, the credit window) are lock-free and rely on the GIL for atomicity "
+            "and ordering. Run with PYTHON_GIL=1 (or -X gil=1) to turn the GIL on"
+        )
+
+
+check_gil()
+
 require(
     callable(getattr(asyncio, "_get_running_loop", None)),
     "asyncio._get_running_loop()",

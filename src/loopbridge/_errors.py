@@ -1,8 +1,8 @@
-"""The two exception types loopbridge raises on its own behalf."""
+"""The exception types loopbridge raises on its own behalf."""
 
 from __future__ import annotations
 
-__all__ = ["LoopAffinityError", "OwnerLoopClosed"]
+__all__ = ["LoopAffinityError", "OwnerLoopClosed", "UnsupportedRuntime"]
 
 
 class LoopAffinityError(RuntimeError):
@@ -22,4 +22,13 @@ class OwnerLoopClosed(RuntimeError):
     Every call and stream still waiting on that loop fails with this error, and
     new calls fail at once.  Transfer the object to a running loop with
     :func:`loopbridge.transfer` to use it again.
+    """
+
+
+class UnsupportedRuntime(RuntimeError):
+    """This Python or event loop lacks something loopbridge's guarantees rest on.
+
+    Raised at import (a process-wide fact, such as a free-threaded build) or when
+    loopbridge first talks to a loop (a per-loop fact), never as a silent
+    fallback.  The message names what is missing and why it is needed.
     """

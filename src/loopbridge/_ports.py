@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import weakref
 from collections import deque
@@ -225,9 +226,16 @@ class Port:
             except BaseException as exc:  # never lose the rest of the batch
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
-                handler = getattr(self.loop, "call_exception_handler", None)
-                if handler is not None:
-                    handler({"message": "loopbridge: error in a posted callback", "exception": exc})
+                self._report(exc)
+
+    def _report(self, exc: BaseException) -> None:
+        """A posted callback raised: the loop's exception handler, else the log."""
+        message = "loopbridge: error in a posted callback"
+        handler = getattr(self.loop, "call_exception_handler", None)
+        if handler is not None:
+            handler({"message": message, "exception": exc})
+        else:  # a trio run: raising into trio would crash the run
+            _log.error("%s on %s", message, self.label, exc_info=exc)
 
     # ---------------------------------------------------------------- in flight
     def submit(self, op: InFlight, start: Callable[[Any], None]) -> None:
@@ -383,6 +391,7 @@ def _fresh(exc: BaseException) -> BaseException:
     return type(exc)(*exc.args)
 
 
+_log = logging.getLogger("loopbridge")
 _ABSENT = object()
 _ATTR = PORT_ATTR = "_loopbridge_port"
 _registry_lock = threading.Lock()

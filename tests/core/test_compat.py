@@ -66,3 +66,32 @@ def test_a_missing_internal_fails_at_import() -> None:
     assert proc.returncode != 0
     assert "UnsupportedRuntime" in proc.stderr
     assert "asyncio._get_running_loop()" in proc.stderr
+
+
+def test_this_interpreter_runs_with_the_gil() -> None:
+    assert _compat.gil_enabled()
+    _compat.check_gil()
+
+
+def test_a_free_threaded_interpreter_without_the_gil_is_refused_at_import() -> None:
+    """No free-threaded CPython can be installed here, so the detection is forced:
+    ``sys._is_gil_enabled()`` (3.13+) answers False, as it does on a build run
+    with the GIL disabled."""
+    code = "import sys; sys._is_gil_enabled = lambda: False; import loopbridge"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode != 0
+    assert "loopbridge._errors.UnsupportedRuntime: loopbridge needs the GIL" in proc.stderr
+    assert "PYTHON_GIL=1" in proc.stderr
+
+
+def test_a_free_threaded_interpreter_with_the_gil_on_is_accepted() -> None:
+    code = "import sys; sys._is_gil_enabled = lambda: True; import loopbridge; print('ok')"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
