@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._diagnose import submission_site, tracing
 from ._labels import thread_name
-from ._ports import Port
+from ._ports import Port, get_running_loop
 
 if TYPE_CHECKING:
     from ._metrics import Counters, Metrics
@@ -299,7 +299,7 @@ def start_on_owner(op: Operation) -> None:
     if op.outcome is not PENDING:
         return
     loop: asyncio.AbstractEventLoop = owner.loop
-    if op.opts.ownership._loop is not loop:
+    if op.opts.ownership.owner.loop is not loop:
         # Ownership moved after this operation was submitted: follow it,
         # unless someone settled it meanwhile (then leave() is False).
         if owner.leave(op):
@@ -317,6 +317,12 @@ def start_on_owner(op: Operation) -> None:
 
 def cancel_on_owner(op: Operation) -> None:
     """The caller asked for a cancel (owner thread)."""
+    owner = op.owner
+    if owner is not None and get_running_loop() is not owner.loop:
+        # Posted to the old owner of an operation that a transfer moved on:
+        # cancel it where it runs now, from that loop's own thread.
+        owner.post(cancel_on_owner, op)
+        return
     msg = op.cancel_msg
     task = op.task
     if task is None:

@@ -29,6 +29,7 @@ from ._ports import Port, port_for_loop, rearm
 
 __all__ = [
     "Ownership",
+    "Owner",
     "MemberKind",
     "loop_affine",
     "adopt",
@@ -59,9 +60,8 @@ class Ownership:
     """Owner loop plus member declarations of one instance."""
 
     __slots__ = (
-        "_loop",
+        "owner",
         "_port",
-        "_tid_check",
         "stable",
         "threadsafe",
         "_lock",
@@ -77,9 +77,8 @@ class Ownership:
         threadsafe: frozenset[str],
         name: str,
     ) -> None:
-        self._loop = loop
+        self.owner = Owner(loop)
         self._port: Port | None = None
-        self._tid_check = _has_thread_id(loop)
         self.stable = stable
         self.threadsafe = threadsafe
         self._lock = threading.Lock()
@@ -88,21 +87,21 @@ class Ownership:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
-        return self._loop
+        return self.owner.loop
 
     def port(self) -> Port:
         """The owner's port; raises if unbound or if the owner loop is gone."""
         port = self._port
         if port is not None and port.dead is None:
             return port
-        loop = self._loop
+        loop = self.owner.loop
         if loop is None:
             raise LoopAffinityError(
                 f"{self.name} has no owner loop: it was created while no event loop was "
                 "running. Call loopbridge.transfer(obj, loop) to give it one."
             )
         with self._lock:
-            if self._loop is loop:
+            if self.owner.loop is loop:
                 try:
                     self._port = port = port_for_loop(loop)
                 except OwnerLoopClosed as exc:
@@ -114,14 +113,25 @@ class Ownership:
 
     def set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
-            self._loop = loop
-            self._tid_check = _has_thread_id(loop)
+            self.owner = Owner(loop)  # one store: readers see the old record or the new
             self._port = None
 
 
-def _has_thread_id(loop: Any) -> bool:
-    """Stock asyncio loops hold the ident of the thread running them (see _compat)."""
-    return is_stock_loop(loop)
+class Owner:
+    """The owner loop and how to test for it: immutable, replaced whole by a transfer.
+
+    ``tid_check``: stock asyncio loops hold the ident of the thread running them
+    (see _compat), so "is this thread running the owner?" is one comparison.
+    """
+
+    __slots__ = ("loop", "tid_check")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.loop = loop
+        self.tid_check = is_stock_loop(loop)
+
+    def __bool__(self) -> bool:
+        return True  # lets templates bind it inside a condition (``(o := ...) and ...``)
 
 
 # "Is the owner loop the loop running on this thread?" -- the one test behind
@@ -135,14 +145,16 @@ def _has_thread_id(loop: Any) -> bool:
 # get_running_loop(), a getpid() system call per use on 3.11); ON_OWNER_LOOP
 # compares a running loop ({loop}, evaluated once) with the owner's.  The
 # affinity check skips the second half on stock loops, where the first decides.
-ON_OWNER_THREAD = (
-    "({ownership}._tid_check and __lb_ident() == {ownership}._loop." + THREAD_ID_ATTR + ")"
-)
-ON_OWNER_LOOP = "(({loop}) is {ownership}._loop and {ownership}._loop is not None)"
+#
+# {owner} names a local bound once to ``ownership.owner``: the record is read
+# in one load, so a transfer (which swaps the whole record) is seen entirely or
+# not at all, never a new loop with the old loop's way of testing it.
+ON_OWNER_THREAD = "({owner}.tid_check and __lb_ident() == {owner}.loop." + THREAD_ID_ATTR + ")"
+ON_OWNER_LOOP = "(({loop}) is {owner}.loop and {owner}.loop is not None)"
 ON_OWNER = (
     "("
     + ON_OWNER_THREAD
-    + " or (not {ownership}._tid_check and "
+    + " or (not {owner}.tid_check and "
     + ON_OWNER_LOOP.replace("{loop}", "__lb_grl()")
     + "))"
 )
@@ -152,7 +164,8 @@ _get_ident = threading.get_ident
 on_owner_thread: Callable[[Ownership], bool] = compile_function(
     "def make(__lb_ident, __lb_grl):\n"
     "    def on_owner_thread(ownership):\n"
-    f"        return {ON_OWNER.format(ownership='ownership')}\n"
+    "        owner = ownership.owner\n"
+    f"        return {ON_OWNER.format(owner='owner')}\n"
     "    return on_owner_thread\n",
     "on_owner_thread",
     "make",
@@ -384,7 +397,7 @@ def _check(self: Any, fn: Callable[..., Any]) -> None:
     ownership = self.__dict__.get(_ATTR)
     if ownership is None:
         return
-    owner = ownership._loop
+    owner = ownership.owner.loop
     if owner is None or _Policy.mode == "off":
         return
     loop = get_running_loop()
@@ -397,9 +410,11 @@ _GUARD = (
 def make({make_params}):
     def guarded({params}):
         __lb_ownership = {self}.__dict__.get(__lb_key)
-        if __lb_ownership is not None and not """
-    + ON_OWNER.format(ownership="__lb_ownership")
-    + """:
+        if __lb_ownership is not None and not (
+            (__lb_owner := __lb_ownership.owner) and """
+    + ON_OWNER.format(owner="__lb_owner")
+    + """
+        ):
             __lb_check({self}, __lb_fn)
         return __lb_fn({self}, {args})
     return guarded

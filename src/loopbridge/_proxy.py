@@ -66,11 +66,11 @@ _ASYNC_MEMBER = (
     """
 def make({make_params}):
     def member({params}):
-        __lb_ownership = {self}._lb_ownership
+        __lb_owner = {self}._lb_ownership.owner
         if """
-    + ON_OWNER_THREAD.format(ownership="__lb_ownership")
+    + ON_OWNER_THREAD.format(owner="__lb_owner")
     + " or "
-    + ON_OWNER_LOOP.format(ownership="__lb_ownership", loop="__lb_loop := __lb_grl()")
+    + ON_OWNER_LOOP.format(owner="__lb_owner", loop="__lb_loop := __lb_grl()")
     + """:
             return __lb_fn({self}._lb_target, {args})  # same loop: straight through
         return __lb_route(
@@ -129,7 +129,7 @@ async def _route_on_await(
 ) -> Any:
     loop = get_running_loop()
     if loop is not None:
-        if loop is p._lb_ownership._loop:
+        if loop is p._lb_ownership.owner.loop:
             return await fn(*args, **kwargs)
         return await _route(p, loop, fn, args, kwargs, what)
     if in_trio_run():
@@ -141,9 +141,9 @@ _STREAM_MEMBER = (
     """
 def make({make_params}):
     def member({params}):
-        __lb_ownership = {self}._lb_ownership
+        __lb_owner = {self}._lb_ownership.owner
         if """
-    + ON_OWNER.format(ownership="__lb_ownership")
+    + ON_OWNER.format(owner="__lb_owner")
     + """:
             return __lb_fn({self}._lb_target, {args})  # same loop: the real generator
         return __lb_stream(

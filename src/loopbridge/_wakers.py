@@ -119,7 +119,7 @@ class LoopWaker(_PortWaker):
                 return  # cancelled again while waiting: stop, keep the first cancel
             finally:
                 timer.cancel()
-            owner.check_alive()
+            (op.owner or owner).check_alive()  # the owner it has now (a transfer moves it)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -172,7 +172,7 @@ class TrioWaker(_PortWaker):
             for timeout in _rounds(self, op, grace):
                 with trio.move_on_after(timeout):
                     await op.waiter.wait()
-                owner.check_alive()
+                (op.owner or owner).check_alive()  # the owner it has now (a transfer moves it)
 
 
 def _set_event(op: Operation) -> None:
@@ -210,7 +210,7 @@ class ThreadWaker:
     def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
             op.waiter.acquire(timeout=timeout)
-            owner.check_alive()
+            (op.owner or owner).check_alive()  # the owner it has now (a transfer moves it)
 
 
 def _rounds(

@@ -1,0 +1,125 @@
+"""Transfers between an asyncio loop and a uvloop loop while other threads and
+loops call and stream: no call is lost, run twice, or run off its owner.
+
+The object's async members are guarded by the always-on affinity check, so a
+member started on a loop that does not own the object at that moment raises
+``LoopAffinityError`` into its caller; the test fails on any error.  Before the
+owner became one record swapped in one store, a transfer from a stock loop to
+uvloop could be read half-done (the new loop with the stock loop's thread-ident
+test) and raise ``AttributeError`` here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import loopbridge as lb
+
+from .conftest import hang_dump, tasks_on, within
+
+CALLS_PER_CALLER = 300
+MIN_TRANSFERS = 100  # while the callers ran
+
+
+@lb.loop_affine
+class Counter:
+    def __init__(self) -> None:
+        self.ran: collections.Counter[int] = collections.Counter()
+
+    async def record(self, i: int) -> int:
+        self.ran[i] += 1
+        await asyncio.sleep(0)  # suspend once: a transfer may land mid-call
+        return i
+
+    async def items(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+
+
+def test_transfers_between_asyncio_and_uvloop_lose_and_misroute_nothing() -> None:
+    stock = lb.LoopThread(name="owner-asyncio").start()
+    fast = lb.LoopThread(name="owner-uvloop", use_uvloop=True).start()
+    ids = itertools.count()
+    errors: list[BaseException] = []
+    returned: list[int] = []
+    done = threading.Event()
+    try:
+
+        async def make() -> Counter:
+            return Counter()
+
+        counter = stock.run(make)
+        p = lb.proxy(counter, stream_window=8)
+
+        def thread_caller() -> None:
+            try:
+                b = lb.blocking(p)
+                for _ in range(CALLS_PER_CALLER):
+                    i = next(ids)
+                    returned.append(b.record(i))
+                with b.items(50) as s:
+                    assert list(s) == list(range(50))
+            except BaseException as exc:
+                errors.append(exc)
+
+        def loop_caller() -> None:
+            async def main() -> None:
+                async def calls() -> None:
+                    for _ in range(CALLS_PER_CALLER):
+                        i = next(ids)
+                        returned.append(await p.record(i))
+
+                async def streams() -> None:
+                    for n in (0, 1, 20, 100):
+                        assert [x async for x in p.items(n)] == list(range(n))
+
+                await within(asyncio.gather(calls(), streams()), 60, "loop caller")
+
+            try:
+                asyncio.run(main())
+            except BaseException as exc:
+                errors.append(exc)
+
+        transfers = 0
+
+        def transferrer() -> None:
+            # Back and forth for as long as the callers run.
+            nonlocal transfers
+            try:
+                while not done.is_set():
+                    lb.transfer(counter, (fast if transfers % 2 == 0 else stock).loop)
+                    transfers += 1
+            except BaseException as exc:
+                errors.append(exc)
+
+        callers = [threading.Thread(target=thread_caller) for _ in range(2)]
+        callers += [threading.Thread(target=loop_caller) for _ in range(2)]
+        mover = threading.Thread(target=transferrer)
+        mover.start()
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(90)
+        done.set()
+        mover.join(30)
+        hung = [t.name for t in (*callers, mover) if t.is_alive()]
+        assert not hung, hang_dump(f"still running: {hung}")
+        assert not errors, errors[:3]
+        assert transfers >= MIN_TRANSFERS, transfers
+
+        issued = next(ids)
+        assert sorted(returned) == list(range(issued)), "a call was lost"
+        ran: dict[int, int] = dict(counter.ran)
+        assert ran == dict.fromkeys(range(issued), 1), "a call ran twice or never"
+        for loop in (stock.loop, fast.loop):
+            tasks: set[Any] = tasks_on(loop)
+            assert not tasks, tasks
+    finally:
+        done.set()
+        stock.stop()
+        fast.stop()
