@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar, cast
 
 from ._calls import Call, call_from_async, call_from_thread
@@ -156,7 +156,9 @@ def make({make_params}):
 )
 
 
-def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _stream_member(
+    name: str, fn: Callable[..., Any], what: str | None = None
+) -> Callable[..., Any]:
     member = build(
         _STREAM_MEMBER,
         fn,
@@ -166,9 +168,23 @@ def _stream_member(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         __lb_grl=get_running_loop,
         __lb_stream=RemoteStream,
         __lb_channel=Channel,
-        __lb_what=f"{fn.__qualname__}()",
+        __lb_what=what or f"{fn.__qualname__}()",
     )
     return _describe(member, name, fn, MemberKind.STREAM)
+
+
+async def _iterate(self: Any) -> AsyncIterator[Any]:
+    """The object's own async iteration (its ``__aiter__`` and ``__anext__``), as
+    an async generator that a proxy streams: it runs on the owner loop."""
+    async for item in self:
+        yield item
+
+
+def _iteration_member(cls: type, raw: Any) -> Callable[..., Any]:
+    member = _stream_member("__aiter__", _iterate, f"iterating a {cls.__qualname__} object")
+    member.__qualname__ = f"{cls.__qualname__}.__aiter__"
+    member.__doc__ = raw.__doc__
+    return member
 
 
 class _Passthrough:
@@ -204,6 +220,13 @@ class _Refused:
 
 
 def _refusal(cls_name: str, name: str) -> LoopAffinityError:
+    if name.startswith("__") and name.endswith("__"):
+        return LoopAffinityError(
+            f"{cls_name}.{name} is a sync special method: Python would run it on the calling "
+            "thread, off the owner loop, so the proxy refuses it. Call an async method that "
+            f"does the same work on the owner, or, if {name} touches no loop-bound state, "
+            f"declare it threadsafe=({name!r},) (in @loop_affine(...) or adopt(...))."
+        )
     return LoopAffinityError(
         f"{cls_name}.{name} is a sync member and is not declared safe from other threads, so "
         "the proxy refuses it. If it is set once at setup and only read, declare it "
@@ -228,11 +251,14 @@ def _proxy_class(cls: type, ownership: Ownership) -> type:
             ns[name] = _async_member(name, original(raw))
         elif kind is MemberKind.STREAM:
             ns[name] = _stream_member(name, original(raw))
+        elif kind is MemberKind.ITERATION:
+            ns[name] = _iteration_member(cls, raw)
         elif kind in (MemberKind.STABLE, MemberKind.THREADSAFE):
             ns[name] = _Passthrough(name)
         elif kind is MemberKind.SYNC:
             ns[name] = _Refused(name, cls.__qualname__)
         # CLASS_LEVEL: inherited as is.
+    ns["__getattribute__"] = object.__getattribute__  # members are the class's, above
     ns["__getattr__"] = _instance_attr
     ns["__setattr__"] = _no_setattr
     ns["__delattr__"] = _no_setattr
@@ -240,6 +266,7 @@ def _proxy_class(cls: type, ownership: Ownership) -> type:
     ns["__del__"] = _no_del
     ns["__init__"] = _no_init
     ns["__reduce__"] = _no_reduce
+    ns["__reduce_ex__"] = _no_reduce_ex
     try:
         pcls = type(cls)(f"{cls.__name__}Proxy", (cls,), ns)
     except TypeError:
@@ -290,6 +317,10 @@ def _no_init(self: Any, *args: Any, **kwargs: Any) -> None:
 
 def _no_reduce(self: Any) -> Any:
     raise TypeError("a loopbridge proxy cannot be pickled: proxy the object in the other process")
+
+
+def _no_reduce_ex(self: Any, protocol: Any) -> Any:
+    return _no_reduce(self)
 
 
 def proxy(
