@@ -28,7 +28,8 @@ from typing import Any
 
 from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._errors import LoopAffinityError
-from ._operation import CANCELLED, OK, PENDING, Operation, Options
+from ._operation import Operation, Options
+from ._outcome import CANCELLED, OK, PENDING
 from ._ownership import on_owner_thread
 from ._wakers import LoopWaker, TrioWaker, thread_waker
 

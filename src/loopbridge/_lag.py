@@ -19,8 +19,8 @@ import weakref
 from typing import Any
 
 from ._construction import NoPublicConstructor
+from ._histogram import Histogram
 from ._labels import loop_label
-from ._metrics import Histogram
 from ._ports import get_running_loop
 
 __all__ = ["LagMonitor", "monitor_lag", "lag_snapshots", "DEFAULT_INTERVAL"]

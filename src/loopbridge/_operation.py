@@ -32,24 +32,22 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import enum
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._diagnose import submission_site, tracing
 from ._labels import thread_name
+from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
 from ._ports import Port, get_running_loop
 
 if TYPE_CHECKING:
     from ._metrics import Counters, Metrics
     from ._ownership import Ownership
-    from ._wakers import Waker
 
 __all__ = [
-    "Outcome",
-    "Cancel",
+    "Waker",
     "Options",
     "Operation",
     "NOT_WAITING",
@@ -61,27 +59,6 @@ __all__ = [
 
 _perf = time.perf_counter
 _PY311 = sys.version_info >= (3, 11)
-
-
-class Outcome(enum.Enum):
-    """How an operation ended (shared by calls, streams and metrics)."""
-
-    PENDING = "pending"
-    OK = "ok"  # returned (a call) or ran to its end (a stream)
-    ERROR = "error"  # raised, or the owner loop died
-    CANCELLED = "cancelled"
-
-
-class Cancel(enum.Enum):
-    """Whether the caller asked for the owner side to be cancelled."""
-
-    NOT_REQUESTED = "not requested"
-    REQUESTED = "requested"
-
-
-# Module globals: one load each on the hot path instead of two.
-PENDING, OK, ERROR, CANCELLED = Outcome.PENDING, Outcome.OK, Outcome.ERROR, Outcome.CANCELLED
-NOT_REQUESTED, REQUESTED = Cancel.NOT_REQUESTED, Cancel.REQUESTED
 
 
 class Options:
@@ -107,6 +84,19 @@ def annotate(exc: BaseException, what: str, owner: Port) -> None:
         exc.add_note(note)
     else:  # pragma: no cover - 3.10
         exc.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined, unused-ignore]
+
+
+class Waker(Protocol):
+    """How a caller waits for an operation (the kinds are in ``_wakers``)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def thread_id(self) -> int | None: ...
+
+    def wake(self, op: Operation) -> None:
+        """Wake the caller parked on ``op`` (any thread; harmless when repeated)."""
 
 
 class NotWaiting:

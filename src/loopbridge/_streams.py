@@ -34,7 +34,8 @@ from ._calls import cancel_message
 from ._construction import NoPublicConstructor
 from ._eager import start_task
 from ._errors import LoopAffinityError
-from ._operation import CANCELLED, ERROR, OK, PENDING, REQUESTED, Operation
+from ._operation import Operation
+from ._outcome import CANCELLED, ERROR, OK, PENDING, REQUESTED
 from ._ownership import on_owner_thread
 from ._ports import get_running_loop
 from ._wakers import LoopWaker, ThreadWaker, TrioWaker, loop_waker, thread_waker

@@ -25,14 +25,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ._operation import PENDING, NotWaiting, Operation
+from ._operation import Operation
+from ._outcome import PENDING
 from ._ports import LIVENESS_INTERVAL, PORT_ATTR, Port, running_port
 
 if TYPE_CHECKING:
     import trio
 
 __all__ = [
-    "Waker",
     "LoopWaker",
     "TrioWaker",
     "ThreadWaker",
@@ -234,9 +234,6 @@ def _rounds(
             yield min(LIVENESS_INTERVAL, remaining)
     finally:
         op.parked = False
-
-
-Waker = LoopWaker | TrioWaker | ThreadWaker | NotWaiting
 
 
 def loop_waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:

@@ -7,7 +7,8 @@ from collections import deque
 
 import pytest
 
-from loopbridge._metrics import BUCKETS, Histogram, _fold_latencies
+from loopbridge._histogram import BUCKETS, Histogram
+from loopbridge._metrics import _fold_latencies
 
 
 @pytest.mark.parametrize("seed", range(5))

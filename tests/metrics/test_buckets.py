@@ -7,7 +7,7 @@ import math
 
 import prometheus_client
 
-from loopbridge._metrics import BUCKETS, ITEM_BUCKETS, Histogram, _observe_all
+from loopbridge._histogram import BUCKETS, ITEM_BUCKETS, Histogram, observe_all
 
 
 def _at_and_around(bounds: tuple[float, ...]) -> list[float]:
@@ -41,7 +41,7 @@ def test_latency_buckets_match_prometheus_at_every_bound() -> None:
     for v in values:
         one_by_one.observe(v)
     bulk = Histogram()
-    _observe_all(bulk, list(values))
+    observe_all(bulk, list(values))
     want = _prometheus_cumulative(BUCKETS, values)
     assert _ours_cumulative(one_by_one) == want
     assert _ours_cumulative(bulk) == want

@@ -17,9 +17,11 @@ the raw samples.  See docs/metrics.md for every field.
 from __future__ import annotations
 
 from .._diagnose import dump_inflight, format_inflight, install_hang_dump, record_submission_sites
+from .._histogram import Histogram
 from .._lag import LagMonitor, monitor_lag
-from .._metrics import Histogram, Metrics, Totals, snapshot
+from .._metrics import Metrics, Totals
 from .._proxy import metrics_of
+from .._snapshot import snapshot
 
 __all__ = [
     "snapshot",

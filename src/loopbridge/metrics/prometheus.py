@@ -26,8 +26,9 @@ from prometheus_client.core import (
     Metric,
 )
 
+from .._histogram import Histogram
 from .._lag import LagMonitor, _monitors
-from .._metrics import Histogram, Totals, totals_by_name
+from .._metrics import Totals, totals_by_name
 
 __all__ = ["LoopbridgeCollector"]
 
