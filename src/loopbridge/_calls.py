@@ -29,7 +29,7 @@ from typing import Any
 from ._eager import NATIVE_EAGER, start_task, step_then_task
 from ._errors import LoopAffinityError
 from ._operation import Operation, Options
-from ._outcome import CANCELLED, OK, PENDING
+from ._outcome import CANCELLED, OK
 from ._ownership import on_owner_thread
 from ._wakers import LoopWaker, TrioWaker, thread_waker
 
@@ -47,6 +47,9 @@ class Call(Operation):
 
     def on_settled(self) -> None:
         self.waker.wake(self)  # the caller always waits for its one outcome
+
+    def count_give_up(self) -> None:
+        self.opts.metrics.cancelled()
 
     def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
         coro = _run(self, loop)
@@ -82,7 +85,7 @@ async def call_from_async(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    what: str,
+    description: str,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on the owner loop; await it from the waker's
     asyncio loop or trio run.
@@ -91,7 +94,7 @@ async def call_from_async(
     so it carries the context (and submission site) of whoever awaits it, as a
     native coroutine would.
     """
-    call = Call(fn, args, kwargs, what, opts, waker)
+    call = Call(fn, args, kwargs, description, opts, waker)
     call.submit()
     try:
         await waker.arm_and_park(call, call.owner)  # type: ignore[arg-type]
@@ -108,7 +111,7 @@ def call_from_thread(call: Call) -> Any:
     opts = call.opts
     if on_owner_thread(opts.ownership):
         raise LoopAffinityError(
-            f"blocking {call.what} on the owner loop's own thread would deadlock: "
+            f"blocking {call.description} on the owner loop's own thread would deadlock: "
             "await loopbridge.proxy(obj) instead"
         )
     waker = call.waker = thread_waker()
@@ -117,10 +120,8 @@ def call_from_thread(call: Call) -> Any:
     try:
         waker.park(call, call.owner)  # type: ignore[arg-type]
     except BaseException:  # KeyboardInterrupt and friends: cancel the owner side
-        if call.outcome is PENDING:
-            opts.metrics.cancelled()
-            if call.request_cancel(None):
-                waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
+        if call.caller_gives_up(None):
+            waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
         opts.metrics.returned(call, 0.0)
         raise
     return _returned(call, _perf())
@@ -134,8 +135,6 @@ def cancel_message(exc: BaseException) -> str | None:
 async def _cancelled_by_caller(call: Call, waker: LoopWaker | TrioWaker, msg: str | None) -> None:
     """The caller was cancelled: cancel the owner task, wait boundedly for cleanup."""
     opts = call.opts
-    if call.outcome is PENDING:
-        opts.metrics.cancelled()
-        if call.request_cancel(msg):
-            await waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
+    if call.caller_gives_up(msg):
+        await waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
     opts.metrics.returned(call, 0.0)  # admission and run, but no return: it was cancelled

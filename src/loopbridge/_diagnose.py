@@ -27,7 +27,7 @@ from ._labels import thread_name
 from ._ports import Port, _ports, _registry_lock
 
 __all__ = [
-    "tracing",
+    "SubmissionSites",
     "submission_site",
     "record_submission_sites",
     "dump_inflight",
@@ -40,10 +40,11 @@ _ASYNCIO_DIR = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
 _ASYNCIO_EVENTS = os.path.abspath(asyncio.events.__file__)
 
 
-class tracing:
-    """Module switch read by the core when it creates a call or a stream."""
+class SubmissionSites:
+    """Whether calls and streams record where they were submitted (read by the
+    core each time it creates one; set by :func:`record_submission_sites`)."""
 
-    on = os.environ.get("LOOPBRIDGE_RECORD_SITES", "") not in ("", "0")
+    recording = os.environ.get("LOOPBRIDGE_RECORD_SITES", "") not in ("", "0")
 
 
 def _where(frame: FrameType) -> str:
@@ -95,7 +96,7 @@ def record_submission_sites(enabled: bool = True) -> bool:
     Only operations submitted while it is on carry a site.  Returns the
     previous setting.  ``LOOPBRIDGE_RECORD_SITES=1`` turns it on at import.
     """
-    old, tracing.on = tracing.on, bool(enabled)
+    old, SubmissionSites.recording = SubmissionSites.recording, bool(enabled)
     return old
 
 

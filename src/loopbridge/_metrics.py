@@ -267,7 +267,7 @@ class Metrics(metaclass=NoPublicConstructor):
         next(self._caller_cancels)
 
     # -- streams (any thread) -----------------------------------------------
-    def stream_admitted(self, op: Any) -> None:
+    def stream_ended(self, op: Any) -> None:
         """A stream ended: record its admission latency (if it started)."""
         if op.t_start:
             # Admission only: a stream's lifetime is set by its consumer.

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._diagnose import submission_site, tracing
+from ._diagnose import SubmissionSites, submission_site
 from ._labels import thread_name
 from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
 from ._ports import Port, get_running_loop
@@ -74,9 +74,9 @@ class Options:
         self.eager = eager
 
 
-def annotate(exc: BaseException, what: str, owner: Port) -> None:
+def annotate(exc: BaseException, description: str, owner: Port) -> None:
     """Add a note naming the owner loop and the operation (once per exception)."""
-    note = f"loopbridge: raised by {what} on its owner loop ({owner.label})"
+    note = f"loopbridge: raised by {description} on its owner loop ({owner.label})"
     notes = getattr(exc, "__notes__", None)
     if notes is not None and note in notes:
         return
@@ -122,7 +122,7 @@ class Operation:
         "args",
         "kwargs",
         "ctx",
-        "what",
+        "description",
         "opts",
         "counters",
         "owner",
@@ -149,7 +149,7 @@ class Operation:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        what: str,
+        description: str,
         opts: Options,
         waker: Waker = NOT_WAITING,
     ) -> None:
@@ -157,7 +157,7 @@ class Operation:
         self.args = args
         self.kwargs = kwargs
         self.ctx = contextvars.copy_context()
-        self.what = what
+        self.description = description
         self.opts = opts
         self.counters: Counters = opts.metrics.calls  # a stream says streams
         self.owner: Port | None = None
@@ -171,7 +171,7 @@ class Operation:
         self.t_submit = _perf()
         self.t_start = 0.0
         self.t_end = 0.0
-        self.site = submission_site() if tracing.on else None
+        self.site = submission_site() if SubmissionSites.recording else None
 
     # -- hooks -----------------------------------------------------------------
     def on_settled(self) -> None:
@@ -200,6 +200,20 @@ class Operation:
             owner = ownership.port()
         self.owner = owner
         owner.submit(self, start_on_owner)
+
+    def caller_gives_up(self, msg: str | None) -> bool:
+        """The caller stops waiting (its cancel, a stream's close): the one caller-side
+        cancel path.  Counts it once and asks the owner side to cancel; True when
+        the caller should now wait, bounded by ``cancel_grace``, for that cleanup."""
+        if self.outcome is not PENDING:
+            return False
+        self.count_give_up()
+        self.request_cancel(msg)
+        return True
+
+    def count_give_up(self) -> None:
+        """Count a caller's cancel (a call) or close (a stream)."""
+        raise NotImplementedError
 
     def request_cancel(self, msg: str | None) -> bool:
         """Ask the owner side to cancel (any thread, never blocks).
@@ -246,7 +260,7 @@ class Operation:
         exc = self.value
         if outcome is CANCELLED:
             raise asyncio.CancelledError(*exc.args)
-        annotate(exc, self.what, self.owner)  # type: ignore[arg-type]
+        annotate(exc, self.description, self.owner)  # type: ignore[arg-type]
         raise exc
 
     def describe(self) -> dict[str, Any]:
@@ -254,7 +268,7 @@ class Operation:
         owner = self.owner
         return {
             "kind": self.kind,
-            "what": self.what,
+            "what": self.description,
             "caller": self.waker.label,
             "owner": owner.label if owner else None,
             "submitted_from_thread": thread_name(self.waker.thread_id),

@@ -113,7 +113,7 @@ class Port:
         "_flush_pending",
         "inflight",
         "dead",
-        "ran",
+        "has_run",
         "_stopped_checks",
         "_keeper",
         "_deferred_by",
@@ -147,7 +147,7 @@ class Port:
         self._flush_pending = False
         self.inflight: dict[InFlight, None] = {}
         self.dead: BaseException | None = None
-        self.ran = False
+        self.has_run = False
         self._stopped_checks = 0
         self._keeper: asyncio.Task[None] | None = None
         # The loop that owes this port a deferred wake, if any.
@@ -217,7 +217,7 @@ class Port:
 
     def _drain(self) -> None:
         self._wake_pending = False
-        self.ran = True
+        self.has_run = True
         inbox = self._inbox
         for _ in range(len(inbox)):
             fn, arg = inbox.popleft()
@@ -277,7 +277,7 @@ class Port:
                 return False
             if loop.is_running():
                 self._stopped_checks = 0
-            elif self.ran:
+            elif self.has_run:
                 self._stopped_checks += 1
                 if self._stopped_checks >= STOPPED_CHECKS:
                     self.die(OwnerLoopClosed(f"{self.label} stopped running"))
@@ -351,7 +351,7 @@ class Port:
     def _start_keeper(self, _: object = None) -> None:
         """A task that notices when the loop shuts down (asyncio.run, LoopThread.stop)."""
         if self._keeper is None and self.dead is None:
-            self.ran = True
+            self.has_run = True
             self.thread_id = threading.get_ident()
             keeper = self.loop.create_task(self._keep(), name="loopbridge-keeper")
             # A done callback, not an except clause: a sweep may cancel the

@@ -89,10 +89,13 @@ class Channel(Operation):
 
     # -- hooks -----------------------------------------------------------------
     def on_settled(self) -> None:
-        self.opts.metrics.stream_admitted(self)
+        self.opts.metrics.stream_ended(self)
         if self.parked:
             self.parked = False
             self.waker.wake(self)
+
+    def count_give_up(self) -> None:
+        self.opts.metrics.stream_closed()
 
     def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any]:
         return start_task(loop, _pump(self, loop), self.ctx)
@@ -106,7 +109,7 @@ class Channel(Operation):
         }
 
     # -- consumer side ---------------------------------------------------------
-    def delivered(self) -> None:
+    def count_taken(self) -> None:
         """Count the items the consumer took since it last parked."""
         taken = self.taken
         n = taken - self.counted
@@ -123,7 +126,7 @@ class Channel(Operation):
 
     def before_park(self) -> None:
         """The buffer is empty: raise the end if there is one, else return all credit."""
-        self.delivered()
+        self.count_taken()
         if self.outcome is not PENDING:  # the buffer is empty: nothing left to drop
             self.raise_end()
         self.ack(self.taken)
@@ -146,7 +149,7 @@ class Channel(Operation):
         A stream closed before its first item was asked for is marked ended
         here (nothing ran, so nothing is counted).
         """
-        self.delivered()
+        self.count_taken()
         if started and self.outcome is PENDING:
             return True
         if self.outcome is PENDING:
@@ -245,7 +248,7 @@ class RemoteStream(Generic[Y]):
         self._waker: LoopWaker | TrioWaker | None = None
 
     def __repr__(self) -> str:
-        return f"<loopbridge stream {self._ch.what}>"
+        return f"<loopbridge stream {self._ch.description}>"
 
     def __aiter__(self) -> RemoteStream[Y]:
         return self
@@ -262,7 +265,7 @@ class RemoteStream(Generic[Y]):
 
             if not in_trio_run():
                 raise LoopAffinityError(
-                    f"iterating {ch.what} needs a running asyncio loop or trio; "
+                    f"iterating {ch.description} needs a running asyncio loop or trio; "
                     "from a plain thread use loopbridge.blocking(p)"
                 )
             waker = trio_waker(trio_port())
@@ -300,13 +303,10 @@ class RemoteStream(Generic[Y]):
     async def _close_and_wait(self, waker: LoopWaker | TrioWaker, msg: str | None) -> None:
         """Close the owner-side generator; wait (bounded) for its cleanup."""
         ch = self._ch
-        ch.delivered()
-        if ch.outcome is not PENDING:
-            return
-        ch.opts.metrics.stream_closed()
-        ch.request_cancel(msg)
-        await waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
-        ch.buf.clear()
+        ch.count_taken()
+        if ch.caller_gives_up(msg):
+            await waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
+            ch.buf.clear()
 
     async def aclose(self) -> None:
         """Close the owner-side generator on the owner loop and wait for its cleanup."""
@@ -333,7 +333,7 @@ class RemoteStream(Generic[Y]):
         # `async for`): close the generator on its owner, without waiting.
         if self._waker is not None:
             ch = self._ch
-            ch.delivered()
+            ch.count_taken()
             ch.request_cancel(None)
 
 
@@ -355,7 +355,7 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
         ch = self._ch
         if on_owner_thread(ch.opts.ownership):
             raise LoopAffinityError(
-                f"blocking iteration of {ch.what} on the owner loop's own thread would "
+                f"blocking iteration of {ch.description} on the owner loop's own thread would "
                 "deadlock: use `async for` on loopbridge.proxy(obj) instead"
             )
         waker = self._waker = thread_waker()
@@ -391,10 +391,9 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
         waker = self._waker
         if not ch.close_needed(waker is not None) or waker is None:
             return
-        ch.opts.metrics.stream_closed()
-        ch.request_cancel(None)
-        waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
-        ch.buf.clear()
+        if ch.caller_gives_up(None):
+            waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
+            ch.buf.clear()
 
     def __enter__(self) -> BlockingStream[Y]:
         return self
@@ -404,5 +403,5 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
 
     def __del__(self) -> None:
         if self._waker is not None:
-            self._ch.delivered()
+            self._ch.count_taken()
             self._ch.request_cancel(None)
