@@ -58,6 +58,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from . import _interleave
 from ._compat import (
     callback_of,
     check_loop,
@@ -169,6 +170,8 @@ class Port:
     def post(self, fn: Callable[[Any], None], arg: Any) -> None:
         """Run ``fn(arg)`` on this port's loop soon.  Safe from any thread."""
         self._inbox.append((fn, arg))
+        if _interleave.hook is not None:
+            _interleave.hook("post.appended")
         if not self._wake_pending:
             self._wake_pending = True
             self._wake()
@@ -217,6 +220,8 @@ class Port:
 
     def _drain(self) -> None:
         self._wake_pending = False
+        if _interleave.hook is not None:
+            _interleave.hook("drain.flag_cleared")
         self.has_run = True
         inbox = self._inbox
         for _ in range(len(inbox)):
@@ -243,6 +248,8 @@ class Port:
         if self.dead is not None:
             raise _fresh(self.dead)
         self.inflight[op] = None
+        if _interleave.hook is not None:
+            _interleave.hook("submit.registered")
         self.post(start, op)
         # Died while we were posting: fail here, unless die() took the
         # operation out first (then it has failed it and woken its caller).
@@ -255,7 +262,11 @@ class Port:
         True for exactly one caller per registration (``dict.pop`` is atomic);
         that caller, and only it, records the operation's outcome.
         """
-        return self.inflight.pop(op, _ABSENT) is not _ABSENT
+        if self.inflight.pop(op, _ABSENT) is _ABSENT:
+            return False
+        if _interleave.hook is not None:
+            _interleave.hook("settle.latched")
+        return True
 
     # ----------------------------------------------------------------- liveness
     def check_alive(self) -> bool:
@@ -289,6 +300,8 @@ class Port:
         if self.dead is not None:
             return
         self.dead = exc
+        if _interleave.hook is not None:
+            _interleave.hook("die.marked")
         # The loop stays retired (new calls fail at once) until an explicit
         # transfer() to it re-arms it.
         try:

@@ -1,0 +1,82 @@
+"""A deterministic interleaving harness over loopbridge's named points
+(:mod:`loopbridge._interleave`).
+
+``with Interleaving() as il:`` installs the hook; ``il.hold(point)`` makes the
+next thread that reaches ``point`` stop there; ``il.reached(point)`` waits until
+it has; ``il.release(point)`` lets it go on.  Waits are on events, bounded, and
+a bound that expires fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from loopbridge import _interleave
+
+BOUND = 10.0
+
+
+class Interleaving:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[threading.Event, threading.Event]] = {}
+        self.passed: list[tuple[str, str]] = []  # (thread name, point), in order
+
+    def __enter__(self) -> Interleaving:
+        assert _interleave.hook is None, "another interleaving is installed"
+        _interleave.hook = self._at
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _interleave.hook = None
+        for _, release in self._held.values():
+            release.set()  # never leave a thread parked behind a failed test
+
+    def hold(self, point: str) -> None:
+        """The next thread to reach ``point`` stops there until released."""
+        with self._lock:
+            self._held[point] = (threading.Event(), threading.Event())
+
+    def reached(self, point: str) -> None:
+        reached, _ = self._held[point]
+        assert reached.wait(BOUND), f"no thread reached {point}"
+
+    def release(self, point: str) -> None:
+        self._held[point][1].set()
+
+    def _at(self, point: str) -> None:
+        self.passed.append((threading.current_thread().name, point))
+        with self._lock:
+            gate = self._held.get(point)
+            if gate is None or gate[0].is_set():
+                return
+            gate[0].set()
+        assert gate[1].wait(BOUND), f"{point} was never released"
+
+
+@contextmanager
+def paused_at(il: Interleaving, point: str, action: Callable[[], Any]) -> Iterator[list[Any]]:
+    """Run ``action`` on a thread of its own until it reaches ``point``; the body
+    runs while it is stopped there; on exit it goes on and is joined.  Yields a
+    list holding the action's result or exception once it has finished."""
+    il.hold(point)
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(action())
+        except BaseException as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=run, name=f"paused at {point}")
+    t.start()
+    il.reached(point)
+    try:
+        yield out
+    finally:
+        il.release(point)
+        t.join(BOUND)
+        assert not t.is_alive(), f"the thread paused at {point} did not finish"
