@@ -208,10 +208,11 @@ class Counters:
     """The counters of one kind of operation (calls or streams), bumped with ``next()``.
 
     The hot path bumps these directly (one C call each): submission on the
-    caller, the outcome where it is settled (``Operation.settle``).
+    caller, the outcome, keyed by :class:`Outcome`, where it is recorded
+    (``Operation.record``).
     """
 
-    __slots__ = ("submitted", "ok", "errors", "cancelled")
+    __slots__ = ("submitted", "outcome")
 
     def __init__(
         self,
@@ -221,9 +222,11 @@ class Counters:
         cancelled: itertools.count[int],
     ) -> None:
         self.submitted = submitted
-        self.ok = ok
-        self.errors = errors
-        self.cancelled = cancelled
+        self.outcome: dict[Outcome, itertools.count[int]] = {
+            Outcome.OK: ok,
+            Outcome.ERROR: errors,
+            Outcome.CANCELLED: cancelled,
+        }
 
 
 class Metrics(metaclass=NoPublicConstructor):

@@ -190,7 +190,7 @@ class Operation:
         try:
             self.route()
         except BaseException:
-            next(counters.errors)
+            next(counters.outcome[ERROR])
             raise
 
     def route(self) -> None:
@@ -244,8 +244,7 @@ class Operation:
         self.value = value
         self.t_end = _perf()
         self.outcome = outcome  # last: readers on other threads test it first
-        c = self.counters
-        next(c.ok if outcome is OK else c.errors if outcome is ERROR else c.cancelled)
+        next(self.counters.outcome[outcome])
         self.on_settled()
 
     def owner_died(self, exc: BaseException) -> None:
