@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os as _os
 
+from ._affinity import set_affinity_check
+from ._declare import adopt, loop_affine, owner_loop, transfer
 from ._errors import LoopAffinityError, OwnerLoopClosed, UnsupportedRuntime
 from ._loop_thread import LoopThread
-from ._ownership import adopt, loop_affine, owner_loop, set_affinity_check, transfer
 from ._proxy import Blocking, blocking, is_proxy, proxy, unwrap
 from ._streams import BlockingStream
 

@@ -4,7 +4,7 @@
 every member is replaced by a marshalling or refusing one, so
 ``isinstance(p, type(obj))`` holds and abstract base classes (vLLM's
 ``EngineClient``) accept it.  The proxy never runs the base class's ``__init__``
-or ``__del__``.  Member kinds come from :func:`~loopbridge._ownership.classify`;
+or ``__del__``.  Member kinds come from :func:`~loopbridge._members.classify`;
 generated classes are cached per (class, declarations).
 """
 
@@ -16,22 +16,15 @@ import types
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar, cast
 
+from ._affinity import original
 from ._calls import Call, call_from_async, call_from_thread
 from ._codegen import build
 from ._construction import NoPublicConstructor
 from ._errors import LoopAffinityError
+from ._members import MemberKind, classify
 from ._metrics import Metrics
 from ._operation import Options
-from ._ownership import (
-    ON_OWNER,
-    ON_OWNER_LOOP,
-    ON_OWNER_THREAD,
-    MemberKind,
-    Ownership,
-    classify,
-    original,
-    ownership_of,
-)
+from ._ownership import ON_OWNER, ON_OWNER_LOOP, ON_OWNER_THREAD, Ownership, ownership_of
 from ._ports import get_running_loop
 from ._streams import BlockingStream, Channel, RemoteStream
 from ._trio import in_trio_run, trio_port

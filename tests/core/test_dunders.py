@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import loopbridge as lb
-from loopbridge._ownership import PROXY_OWNED_DUNDERS
+from loopbridge._members import PROXY_OWNED_DUNDERS
 
 
 @lb.loop_affine

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import loopbridge as lb
-from loopbridge import _ownership, _proxy
+from loopbridge import _affinity, _codegen, _compat, _ownership, _proxy
 from loopbridge._codegen import GENERIC
 
 RENDERINGS = ["mirrored", "generic"]
@@ -31,7 +31,7 @@ class Adder:
 
 
 def _member(rendering: str) -> Any:
-    fn = _ownership.original(Adder.__dict__["add"])
+    fn = _affinity.original(Adder.__dict__["add"])
     return _proxy._async_member("add", fn, generic=rendering == "generic")
 
 
@@ -53,7 +53,7 @@ def test_proxy_member_renderings_route_alike(owner: lb.LoopThread, rendering: st
     async def same_loop() -> tuple[int, bool]:
         coro = member(p, 1, 2, 3, scale=2, x=4)
         # Straight through on the owner loop: the member's own coroutine.
-        return await coro, coro.cr_code is _ownership.original(Adder.add).__code__
+        return await coro, coro.cr_code is _affinity.original(Adder.add).__code__
 
     assert owner.run(same_loop) == (20, True)
 
@@ -73,16 +73,16 @@ def test_proxy_member_renderings_route_alike(owner: lb.LoopThread, rendering: st
 
 @pytest.mark.parametrize("rendering", RENDERINGS)
 def test_affinity_check_renderings_alike(asyncio_owner: lb.LoopThread, rendering: str) -> None:
-    fn = _ownership.original(Adder.__dict__["add"])
-    guarded = _ownership.build(
-        _ownership._GUARD,
+    fn = _affinity.original(Adder.__dict__["add"])
+    guarded = _codegen.build(
+        _affinity._GUARD,
         fn,
         "check",
         generic=rendering == "generic",
         __lb_fn=fn,
-        __lb_check=_ownership._check,
+        __lb_check=_affinity._check,
         __lb_ident=threading.get_ident,
-        __lb_grl=_ownership.get_running_loop,
+        __lb_grl=_compat.get_running_loop,
         __lb_key=_ownership._ATTR,
     )
     assert _is_generic(guarded) is (rendering == "generic")

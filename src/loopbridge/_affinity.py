@@ -1,0 +1,115 @@
+"""The always-on affinity check: a direct call of a loop-affine async member from a
+loop that does not own the object is caught at the call site.
+
+Each async member of a ``@loop_affine`` class is replaced by a wrapper generated
+from one template (:data:`_GUARD`) with the member's own signature; it inlines
+``ON_OWNER`` and only off the owner's loop calls the slow half, which applies the
+policy (:func:`set_affinity_check`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from ._codegen import build
+from ._compat import get_running_loop, mark_coroutine_function
+from ._errors import LoopAffinityError
+from ._ownership import _ATTR, ON_OWNER
+
+__all__ = ["set_affinity_check", "guarded", "original"]
+
+_ORIGINAL = "__loopbridge_original__"
+_get_ident = threading.get_ident
+
+
+class _Policy:
+    mode = os.environ.get("LOOPBRIDGE_AFFINITY_CHECK", "raise")
+
+
+def set_affinity_check(mode: str) -> str:
+    """Set what a direct cross-loop call of a ``@loop_affine`` async member does.
+
+    ``"raise"`` (default) raises :class:`LoopAffinityError`, ``"warn"`` issues a
+    ``RuntimeWarning`` and proceeds, ``"off"`` skips the check.  Returns the previous
+    mode.  The environment variable ``LOOPBRIDGE_AFFINITY_CHECK`` sets the initial mode.
+    """
+    if mode not in ("raise", "warn", "off"):
+        raise ValueError(f"affinity check mode must be 'raise', 'warn' or 'off', not {mode!r}")
+    old, _Policy.mode = _Policy.mode, mode
+    return old
+
+
+def _affinity_violation(self: Any, fn: Callable[..., Any], loop: Any, owner: Any) -> None:
+    msg = (
+        f"{type(self).__qualname__}.{fn.__name__}() called from {loop!r}, but the object "
+        f"belongs to {owner!r}. Call it through loopbridge.proxy(obj) instead, which runs "
+        "it on the owner loop."
+    )
+    if _Policy.mode == "raise":
+        raise LoopAffinityError(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an async member so direct use from a foreign loop is caught at the call site.
+
+    The wrapper has the member's exact signature where it can be mirrored
+    (``*args, **kwargs`` forwarding costs more than the check itself) and
+    inlines :data:`ON_OWNER`; only off the owner's loop does it call the slow
+    half, :func:`_check`.
+    """
+    guarded = build(
+        _GUARD,
+        fn,
+        "check",
+        __lb_fn=fn,
+        __lb_check=_check,
+        __lb_ident=_get_ident,
+        __lb_grl=get_running_loop,
+        __lb_key=_ATTR,
+    )
+    functools.update_wrapper(guarded, fn)
+    setattr(guarded, _ORIGINAL, fn)
+    if inspect.iscoroutinefunction(fn):
+        mark_coroutine_function(guarded)
+    return guarded
+
+
+def _check(self: Any, fn: Callable[..., Any]) -> None:
+    """The slow half of the check: this thread does not run the owner loop."""
+    ownership = self.__dict__.get(_ATTR)
+    if ownership is None:
+        return
+    owner = ownership.owner.loop
+    if owner is None or _Policy.mode == "off":
+        return
+    loop = get_running_loop()
+    if loop is not owner and loop is not None:
+        _affinity_violation(self, fn, loop, owner)
+
+
+_GUARD = (
+    """
+def make({make_params}):
+    def guarded({params}):
+        __lb_ownership = {self}.__dict__.get(__lb_key)
+        if __lb_ownership is not None and not (
+            (__lb_owner := __lb_ownership.owner) and """
+    + ON_OWNER.format(owner="__lb_owner")
+    + """
+        ):
+            __lb_check({self}, __lb_fn)
+        return __lb_fn({self}, {args})
+    return guarded
+"""
+)
+
+
+def original(fn: Any) -> Any:
+    return getattr(fn, _ORIGINAL, fn)
