@@ -767,11 +767,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     and r["wall_s"] > 0
                     and _rec_key(r) == cap.key
                 ]
-                capacity[cap.key] = statistics.median(rates)
+                if rates:
+                    capacity[cap.key] = statistics.median(rates)
+                else:
+                    bar.write(f"no capacity measured for {cap.key} ({base}); skipping {sc.key}")
             for rnd in range(total_rounds):
                 for j, sc in enumerate(open_):
-                    rate = capacity[_capacity_scenario(args, sc).key] * (sc.rate_fraction or 0.0)
-                    measure(rnd, len(closed) + j, sc, rate)
+                    cap_rps = capacity.get(_capacity_scenario(args, sc).key)
+                    if cap_rps:
+                        measure(rnd, len(closed) + j, sc, cap_rps * (sc.rate_fraction or 0.0))
     finally:
         bar.close()
         partial.close()
