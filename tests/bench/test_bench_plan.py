@@ -266,6 +266,9 @@ def test_tpot_itl_cpu_and_their_ratios() -> None:
     assert math.isclose(stock["cpu_per_request"], 0.05)
     assert math.isclose(ours["cpu_per_request_vs_stock"], 2.0)
     assert math.isclose(ours["ttft_p50_vs_stock"], 1.0)
+    # A baseline of (about) zero, such as the ITL p50 of events read together: no ratio.
+    zeros = _rec("stock", 0.1, 0.0, 0.5)
+    assert math.isnan(summarize([zeros, _rec("loopbridge", 0.1, 0.01, 1.0)])[1]["itl_p50_vs_stock"])
     (line,) = headlines(rows)
     assert line.startswith("stream-c2: loopbridge vs stock: TTFT p50 1.00x")
     assert "ITL p99 2.00x" in line and "CPU/req 2.00x" in line and "0 errors" in line

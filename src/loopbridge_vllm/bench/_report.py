@@ -170,8 +170,13 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+#: Below this (seconds) a baseline is timer noise, not a time: no ratio against it.
+#: Stream events that arrive in one read have gaps of zero, so an ITL p50 can be 0.
+_RATIO_FLOOR = 1e-4
+
+
 def _ratio(a: float, b: float) -> float:
-    if b == 0 or math.isnan(a) or math.isnan(b):
+    if math.isnan(a) or math.isnan(b) or b < _RATIO_FLOOR:
         return math.nan
     return a / b
 
