@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -285,3 +287,26 @@ def test_tpot_itl_cpu_and_their_ratios() -> None:
     table = markdown(rows, meta)
     assert "2 GPUs (NVIDIA H100)" in table and line in table
     assert "| stream-c2 | loopbridge | 10.00 | 100 / 100 / 100 | 20.0 / 20.0 / 20.0 |" in table
+
+
+def test_max_model_len_default_with_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def model(context: int) -> str:
+        d = tmp_path / f"m{context}"
+        d.mkdir(exist_ok=True)
+        (d / "config.json").write_text(json.dumps({"max_position_embeddings": context}))
+        return str(d)
+
+    long = parse_args(["--model", model(131072)])
+    assert long.max_model_len == 4096
+    assert "max_model_len 4096 (the model's own is 131072" in capsys.readouterr().err
+    short = parse_args(["--model", model(1024)])
+    assert short.max_model_len == 1024 and capsys.readouterr().err == ""
+    assert parse_args(["--model", model(131072), "--max-model-len", "9000"]).max_model_len == 9000
+    # Lognormal lengths reach 4x their medians: the default makes room for the longest.
+    wide = parse_args(["--model", model(32768), "--lengths", "lognormal", "--prompt-len", "2048"])
+    assert wide.max_model_len == 4 * 2048 + 4 * 32
+    with pytest.raises(SystemExit):
+        parse_args(["--model", model(512), "--prompt-len", "600"])
+    assert "exceeds the model's context (512)" in capsys.readouterr().err

@@ -322,6 +322,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.max_model_len = 512
     elif args.max_model_len is None:
         own = model_max_len(args.model)
+        if own is not None and longest > own:
+            ap.error(f"the longest request ({longest} tokens) exceeds the model's context ({own})")
         args.max_model_len = max(
             longest, min(own or DEFAULT_GPU_MAX_MODEL_LEN, DEFAULT_GPU_MAX_MODEL_LEN)
         )
