@@ -100,6 +100,7 @@ def _src_env() -> dict[str, str]:
 
 
 @pytest.mark.vllm
+@pytest.mark.timeout(480)  # the run bounds itself (400 s); on a loaded 2-core machine it needs it
 def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     """Every mode (stock ``vllm serve`` included) and the correctness phase, end to end:
     both endpoints, lognormal lengths, closed loop and an open-loop rate."""
