@@ -3,30 +3,44 @@
 # `vllm serve`, on a real model and vLLM's own GPU executor, with the correctness phase
 # first. No model hub is needed: the model is a local directory.
 #
-#   bash scripts/gpu-bench.sh [--model DIR] [--out DIR] [--dry-run] [-- BENCH ARGS...]
+#   bash scripts/gpu-bench.sh [--setup] [--vllm X.Y.Z] [--model DIR] [--out DIR]
+#                             [--dry-run] [-- BENCH ARGS...]
 #
+#   --setup       create .venv-gpu (or $PYTHON's venv is left alone: see below) with
+#                 the official vLLM wheel from the package index, which brings its CUDA
+#                 build of torch, and loopbridge with the vllm-server and vllm-bench
+#                 extras; then run (add --dry-run to check the set-up only)
+#   --vllm X.Y.Z  the vLLM release --setup installs (default 0.33.0; 0.32.0 also works)
 #   --model DIR   a local Hugging Face model directory (default: the tiny model built
 #                 locally into .cache/tiny-model, random weights, bfloat16)
 #   --out DIR     results (default results/gpu-latency): latency.json, latency.md,
-#                 correctness.json, correctness.md, latency_cdf.png, latency_p99.png
-#   --dry-run     check the arguments, resolve the model, build the engine arguments
-#                 and the stock command line (parsed by vLLM's own parser), print the
-#                 plan and start nothing; needs no GPU (CI runs this)
-#   BENCH ARGS    passed on to `python -m loopbridge_vllm.bench` (--help lists them)
+#                 correctness.json, correctness.md, latency_cdf.png, latency_itl.png,
+#                 latency_p99.png, stock-server.log
+#   --dry-run     check the arguments, resolve the model, place the engines on the
+#                 GPUs, build the engine arguments and the stock command line (parsed
+#                 by vLLM's own parser), print the plan and start nothing; needs no GPU
+#                 (CI runs this with --fake-gpus)
+#   BENCH ARGS    passed on to `python -m loopbridge_vllm.bench` (--help lists them);
+#                 they come after this script's workload defaults and override them
 #
-# Python: $PYTHON, else .venv/bin/python, else python3. It needs a CUDA build of a
-# supported vLLM release (`pip install vllm==X.Y.Z`) and loopbridge (`pip install -e ".[server,bench]"`).
-# Both engines (ours and stock's) share the GPU; each takes 0.4 of its memory unless
-# `--engine-arg gpu_memory_utilization=...` says otherwise.
+# Relative paths are taken from the directory you run the script in.
+# Python: $PYTHON, else .venv-gpu/bin/python, else python3; it needs a CUDA build of a
+# supported vLLM release and loopbridge (`pip install vllm==X.Y.Z` and
+# `pip install -e ".[vllm-server,vllm-bench]"`, or --setup).
+# Engines start one at a time. With two GPUs or more (2 x --tensor-parallel-size) stock
+# and the threaded stack each get their own; with fewer they share, each taking 0.9 of
+# half the free memory, unless `--engine-arg gpu_memory_utilization=...` says otherwise.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "gpu-bench.sh: $*" >&2; echo "run 'bash scripts/gpu-bench.sh --help' for usage" >&2; exit 2; }
+abspath() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;; esac; }
 
 model=""
 out="results/gpu-latency"
 dry_run=0
+setup=0
+vllm_version="0.33.0"
 bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,23 +48,44 @@ while [ $# -gt 0 ]; do
         --model=*) model=${1#--model=}; shift ;;
         --out) [ $# -ge 2 ] || die "--out needs a directory"; out=$2; shift 2 ;;
         --out=*) out=${1#--out=}; shift ;;
+        --vllm) [ $# -ge 2 ] || die "--vllm needs a version"; vllm_version=$2; shift 2 ;;
+        --vllm=*) vllm_version=${1#--vllm=}; shift ;;
+        --setup) setup=1; shift ;;
         --dry-run) dry_run=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; bench_args=("$@"); break ;;
         *) die "unknown argument '$1' (benchmark options go after --)" ;;
     esac
 done
+# From the caller's directory, before the script moves to the repository root.
+[ -z "$model" ] || model=$(abspath "$model")
+out=$(abspath "$out")
+cd "$(dirname "$0")/.."
+root=$PWD
 
-if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
-elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+if [ "$setup" = 1 ]; then
+    if [ -n "${PYTHON:-}" ]; then
+        PY=$PYTHON
+    else
+        python3 -m venv .venv-gpu
+        PY=.venv-gpu/bin/python
+    fi
+    "$PY" -m pip install --upgrade pip
+    # The package index's vLLM wheel is the CUDA build; it pins its CUDA torch.
+    "$PY" -m pip install "vllm==$vllm_version"
+    "$PY" -m pip install -e ".[vllm-server,vllm-bench]"
+elif [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ -x .venv-gpu/bin/python ]; then PY=.venv-gpu/bin/python
 else PY=python3
 fi
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
-extra=()
+# The workload of a GPU run (bench args given after -- override these): both endpoints,
+# and an open-loop sweep at half and 90% of stock's measured capacity.
+extra=(--endpoint both --rate-fractions 0.5,0.9)
 if [ -z "$model" ]; then
-    model=$("$PY" -c 'import sys; from loopbridge_vllm.cpu_engine import build_tiny_model; print(build_tiny_model(sys.argv[1]))' "$PWD/.cache/tiny-model")
+    model=$("$PY" -c 'import sys; from loopbridge_vllm.cpu_engine import build_tiny_model; print(build_tiny_model(sys.argv[1]))' "$root/.cache/tiny-model")
     # Its config says float32, which the GPU attention kernels do not take.
     extra+=(--engine-arg dtype=bfloat16)
 elif [ ! -f "$model/config.json" ]; then
@@ -59,7 +94,7 @@ fi
 
 if [ "$dry_run" = 0 ]; then
     "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
-        || die "no CUDA device visible to $PY (torch.cuda.is_available() is False); --dry-run checks the set-up without one"
+        || die "no CUDA device visible to $PY (torch.cuda.is_available() is False); --setup installs vLLM's CUDA build; --dry-run checks the set-up without a GPU"
 else
     extra+=(--dry-run)
 fi

@@ -76,8 +76,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def build_tiny_model(path: str | os.PathLike[str]) -> Path:
+def build_tiny_model(path: str | os.PathLike[str], *, head_dim: int = 16) -> Path:
     """Build (once) a 2-layer Llama with random weights and a local tokenizer.
+
+    ``head_dim`` 16 (4 heads) is the stand-in's model; vLLM's real CPU attention
+    kernels need a larger head, such as 64 (one head).
 
     The directory holds a Hugging Face ``config.json``, ``safetensors`` weights
     and a byte-level BPE tokenizer trained locally, so that vLLM's model
@@ -88,7 +91,8 @@ def build_tiny_model(path: str | os.PathLike[str]) -> Path:
     stamp = root / "loopbridge-tiny-model.json"
     if stamp.is_file():
         try:
-            if json.loads(stamp.read_text()).get("version") == _MODEL_VERSION:
+            built = json.loads(stamp.read_text())
+            if built.get("version") == _MODEL_VERSION and built.get("head_dim", 16) == head_dim:
                 return root
         except (OSError, ValueError):
             pass
@@ -97,10 +101,12 @@ def build_tiny_model(path: str | os.PathLike[str]) -> Path:
     # processes) then never see a half-written model.
     staging = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=root.parent))
     try:
-        _write_tiny_model(staging)
+        _write_tiny_model(staging, head_dim)
         for item in staging.iterdir():
             os.replace(item, root / item.name)
-        (root / stamp.name).write_text(json.dumps({"version": _MODEL_VERSION}))
+        (root / stamp.name).write_text(
+            json.dumps({"version": _MODEL_VERSION, "head_dim": head_dim})
+        )
     finally:
         for item in staging.iterdir():
             item.unlink()
@@ -108,7 +114,7 @@ def build_tiny_model(path: str | os.PathLike[str]) -> Path:
     return root
 
 
-def _write_tiny_model(out: Path) -> None:
+def _write_tiny_model(out: Path, head_dim: int = 16) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -135,11 +141,11 @@ def _write_tiny_model(out: Path) -> None:
 
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
+        hidden_size=max(64, head_dim),
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=max(1, 64 // head_dim),
+        num_key_value_heads=max(1, 64 // head_dim),
         max_position_embeddings=1024,
         bos_token_id=tok.token_to_id("<s>"),
         eos_token_id=tok.token_to_id("</s>"),

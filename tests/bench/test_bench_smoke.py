@@ -100,8 +100,10 @@ def _src_env() -> dict[str, str]:
 
 
 @pytest.mark.vllm
+@pytest.mark.timeout(480)  # the run bounds itself (400 s); on a loaded 2-core machine it needs it
 def test_latency_bench_tiny_run(tmp_path: Path) -> None:
-    """Every mode (stock ``vllm serve`` included) and the correctness phase, end to end."""
+    """Every mode (stock ``vllm serve`` included) and the correctness phase, end to end:
+    both endpoints, lognormal lengths, closed loop and an open-loop rate."""
     out = tmp_path / "latency"
     cmd = [
         sys.executable,
@@ -123,6 +125,12 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
         "1",
         "--stream",
         "both",
+        "--endpoint",
+        "both",
+        "--lengths",
+        "lognormal",
+        "--rate-fractions",
+        "0.5",
         "--busy",
         "both",
         "--busy-slice-ms",
@@ -152,20 +160,60 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     result = json.loads((out / "latency.json").read_text())
     meta = result["meta"]
     modes = ("stock", "unsafe", "per-hop", "loopbridge")
-    scenarios = ("stream-c2", "nostream-c2", "stream-c2-busy", "nostream-c2-busy")
+    scenarios = [
+        f"{st}{ep}-{load}{busy}"
+        for st in ("stream", "nostream")
+        for ep in ("", "-chat")
+        for load in ("c2", "r0.5")
+        for busy in ("", "-busy")
+    ]
     rows = {(r["scenario"], r["mode"]): r for r in result["rows"]}
     assert set(rows) == {(s, m) for s in scenarios for m in modes}
-    for (_scenario, mode), row in rows.items():
+    for (scenario, mode), row in rows.items():
         assert row["requests"] == 4
         if mode != "unsafe":  # the unsafe mode may legitimately lose requests
             assert row["errors"] == 0, row["error_examples"]
             assert row["ok"] == 4
-            assert 0 < row["ttft_p50"] <= row["e2e_p50"] <= row["e2e_p99"]
-            assert row["rate_rps"] > 0
+            assert 0 < row["ttft_p50"] <= row["e2e_p50"] <= row["e2e_p99"] <= row["e2e_max"]
+            assert row["rate_rps"] > 0 and row["cpu_per_request"] >= 0
+            if row["stream"]:  # lognormal outputs of 1..16 tokens: most have gaps
+                assert 0 <= row["itl_p50"] <= row["itl_p99"] <= row["itl_max"]
+                assert row["tpot_p50"] > 0
+            else:
+                assert math.isnan(row["tpot_p50"]) and math.isnan(row["itl_p50"])
         if mode != "stock":
             assert row["p99_vs_stock"] > 0 and row["rate_vs_stock"] > 0
         if mode == "loopbridge":
             assert row["p99_vs_unsafe"] > 0 and row["p99_vs_perhop"] > 0
+        if "-r0.5" in scenario:
+            capacity = meta["capacity_rps"][scenario.replace("-r0.5", "-c2")]
+            assert row["offered_rps"] == pytest.approx(capacity * 0.5)
+    # Server CPU is read in clock ticks (10 ms): a 4-request job may read 0, a run may not.
+    for mode in modes:
+        assert sum(r["server_cpu_s"] for r in result["records"] if r["mode"] == mode) > 0
+    # Every request of the run had a prompt of its own (stock's, every mode's, every round's).
+    sent = [s for rec in result["records"] for s in rec["samples"]]
+    hashes = [s["prompt_hash"] for s in sent]
+    assert len(hashes) == 4 * 4 * len(scenarios) and len(set(hashes)) == len(hashes)
+    assert meta["prompts_sent"] == len(hashes) + 2 * 16  # and the correctness phase's
+    assert {s["output_len"] for s in sent} != {4}  # lognormal: lengths vary
+    assert not meta["prefix_cache"]["enabled"]
+    # One engine at a time: the correctness engine gone before stock starts, stock
+    # ready before the threaded stack starts.
+    events = [(e["engine"], e["event"]) for e in meta["startup"]]
+    assert events == [
+        ("correctness", "start"),
+        ("correctness", "stopped"),
+        ("stock", "start"),
+        ("stock", "ready"),
+        ("threaded", "start"),
+        ("threaded", "ready"),
+    ]
+    assert [e["t_s"] for e in meta["startup"]] == sorted(e["t_s"] for e in meta["startup"])
+    # Both latency engines' KV caches were read and agree (same configuration).
+    kv = meta["kv_cache"]
+    assert kv["threaded"]["blocks"] > 0 and kv["stock"]["tokens"] > 0
+    assert meta["kv_cache_difference"] is not None and meta["kv_cache_difference"] <= 0.01
     # The stock rows really came from a `vllm serve` process of the same release.
     assert meta["stock_command"][:2] == ["vllm", "serve"]
     assert meta["stock_vllm_version"] == meta["versions"]["vllm"] != "?"
@@ -176,12 +224,16 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     assert meta["busy_counters"]["slices"] > 0
     assert meta["busy_counters"]["refits"] > 0
     partial = (out / "latency.partial.jsonl").read_text().splitlines()
-    assert len(partial) == 16  # one line per finished job, written as it ends
+    assert len(partial) == 4 * len(scenarios)  # one line per finished job, written as it ends
     version = f"vLLM {meta['versions']['vllm']}, torch {meta['versions']['torch']}"
     table = (out / "latency.md").read_text()
     assert "| stream-c2-busy | loopbridge |" in table and "| nostream-c2 | stock |" in table
+    assert "| stream-chat-r0.5 | loopbridge |" in table and "ITL" in table
+    assert len(result["headlines"]) == len(scenarios)
+    for line in result["headlines"]:
+        assert line.startswith(tuple(scenarios)) and line in proc.stdout
     assert version in table and "Command: `python -m loopbridge_vllm.bench" in table
-    for png in ("latency_cdf.png", "latency_p99.png"):
+    for png in ("latency_cdf.png", "latency_itl.png", "latency_p99.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # The correctness phase: the raw engine broke, loopbridge served every request.
@@ -201,10 +253,16 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
 GPU_BENCH = REPO / "scripts" / "gpu-bench.sh"
 
 
+H100 = "NVIDIA H100 80GB HBM3:81559:80000"
+
+
 @pytest.mark.vllm
 def test_gpu_bench_dry_run(tmp_path: Path) -> None:
-    """The GPU script's arguments, model resolution and engine/stock set-up, without a GPU."""
+    """The GPU script's arguments, model resolution, device placement, start-up order and
+    engine/stock set-up, without a GPU (a fake device list)."""
     env = dict(_src_env(), PYTHON=sys.executable)
+    caller = tmp_path / "caller"
+    caller.mkdir()
 
     def script(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -212,36 +270,66 @@ def test_gpu_bench_dry_run(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=240,
-            cwd=REPO,
+            cwd=caller,  # relative paths are the caller's, not the repository's
             env=env,
         )
 
-    proc = script("--dry-run", "--out", str(tmp_path / "gpu"), "--", "--concurrency", "1,8")
+    # One GPU: both latency engines share it, each with its share of the free memory.
+    proc = script("--dry-run", "--out", "gpu", "--", "--concurrency", "1,8", "--fake-gpus", H100)
     assert proc.returncode == 0, proc.stderr[-4000:]
     plan = json.loads(proc.stdout)
     model = REPO / ".cache" / "tiny-model"
     assert plan["engine"] == "local model" and plan["model"] == str(model)
     assert plan["engine_class"] == "vllm.v1.engine.async_llm.AsyncLLM"
-    # The GPU executor (no stand-in), GPU-friendly dtype, GPU memory shared by two engines.
+    # The GPU executor (no stand-in), GPU-friendly dtype, no prefix caching, the share.
+    share = str(math.floor(0.9 * 80000 / 81559 / 2 * 100) / 100)
     assert plan["engine_args"]["distributed_executor_backend"] == "None"
     assert plan["engine_args"]["dtype"] == "'bfloat16'"
-    assert plan["engine_args"]["gpu_memory_utilization"] == "0.4"
+    assert plan["engine_args"]["enable_prefix_caching"] == "False"
+    assert plan["engine_args"]["gpu_memory_utilization"] == share == "0.44"
     stock = plan["stock_command"]
     assert stock[:3] == ["vllm", "serve", str(model)]
-    assert "--distributed-executor-backend" not in stock
-    assert plan["stock_parsed"]["gpu_memory_utilization"] == "0.4"
+    assert "--distributed-executor-backend" not in stock and "--no-enable-prefix-caching" in stock
+    assert plan["stock_parsed"]["gpu_memory_utilization"] == share
+    assert plan["stock_parsed"]["enable_prefix_caching"] == "False"
     assert plan["stock_parsed"]["dtype"] == "'bfloat16'"
-    assert [s["concurrency"] for s in plan["scenarios"]] == [1, 8, 1, 8]
+    assert plan["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert plan["startup_order"] == ["correctness", "stock", "threaded"]
+    assert {p["CUDA_VISIBLE_DEVICES"] for p in plan["placement"].values()} == {"0"}
+    assert all(p["shared_devices"] for p in plan["placement"].values())
+    # The script's workload: both endpoints, an open-loop sweep.
+    keys = [s["key"] for s in plan["scenarios"]]
+    assert keys[:4] == ["stream-c1", "stream-c8", "nostream-c1", "nostream-c8"]
+    assert "stream-chat-c8" in keys and "nostream-chat-r0.9" in keys
     assert plan["modes"] == ["stock", "unsafe", "per-hop", "loopbridge"]
-    assert plan["out"] == str(tmp_path / "gpu")
-    assert not (tmp_path / "gpu").exists()  # nothing ran
+    assert plan["out"] == str(caller / "gpu")
+    assert not (caller / "gpu").exists()  # nothing ran
+
+    # Two GPUs: one each, vLLM's own share; four with tensor parallel 2: two each.
+    two = json.loads(script("--dry-run", "--", "--fake-gpus", f"{H100},{H100}").stdout)
+    placed = two["placement"]
+    assert placed["stock"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert placed["threaded"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert placed["correctness"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert placed["stock"]["gpu_memory_utilization"] is None
+    assert "--gpu-memory-utilization" not in two["stock_command"]
+    four = script(
+        "--dry-run", "--", "--fake-gpus", ",".join([H100] * 4), "--tensor-parallel-size", "2"
+    )
+    assert four.returncode == 0, four.stderr[-4000:]
+    plan4 = json.loads(four.stdout)
+    assert plan4["placement"]["threaded"]["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert plan4["stock_parsed"]["tensor_parallel_size"] == "2"
+    too_few = script("--dry-run", "--", "--fake-gpus", H100, "--tensor-parallel-size", "2")
+    assert too_few.returncode != 0 and "needs 2 GPUs; 1 visible" in too_few.stderr
 
     bad = script("--bogus")
     assert bad.returncode == 2 and "unknown argument '--bogus'" in bad.stderr
-    missing = script("--dry-run", "--model", str(tmp_path))
-    assert missing.returncode == 2 and "no config.json" in missing.stderr
+    (caller / "empty").mkdir()
+    missing = script("--dry-run", "--model", "empty")  # relative to the caller
+    assert missing.returncode == 2 and f"{caller / 'empty'}: not a Hugging" in missing.stderr
     usage = script("--help")
-    assert usage.returncode == 0 and "--model DIR" in usage.stdout
+    assert usage.returncode == 0 and "--model DIR" in usage.stdout and "--setup" in usage.stdout
 
 
 _MISMATCH = """

@@ -77,8 +77,14 @@ def run_correctness(
     requests: int,
     concurrency: int,
     timeout_s: float,
+    first_id: int = 0,
+    kv: dict[str, Any] | None = None,
 ) -> list[Outcome]:
-    """Run loopbridge, then the raw engine, with the amplifier on; the engine is gone after."""
+    """Run loopbridge, then the raw engine, with the amplifier on; the engine is gone after.
+
+    Its ``2 * requests`` prompts are the run's requests ``first_id`` onwards;
+    ``kv`` receives the engine's KV-cache size.
+    """
     stack = Stack(
         replace(spec, max_num_seqs=max(spec.max_num_seqs, concurrency)), ("loopbridge", "unsafe")
     )
@@ -86,9 +92,11 @@ def run_correctness(
     handler_log = logging.getLogger(_HANDLER_LOGGER)
     outcomes: list[Outcome] = []
     stack.start()
+    if kv is not None:
+        kv.update(stack.kv_cache())
     try:
         handler_log.addHandler(errors)
-        for mode in ("loopbridge", "unsafe"):
+        for n, mode in enumerate(("loopbridge", "unsafe")):
             job = Job(
                 url=stack.url(mode),
                 model=stack.served_name,
@@ -98,6 +106,7 @@ def run_correctness(
                 output_len=8,
                 stream=False,
                 timeout_s=timeout_s,
+                first_id=first_id + n * requests,
             )
             with CollectorSetHold() as hook:
                 _, samples = load.run(job)

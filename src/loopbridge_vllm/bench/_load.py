@@ -1,23 +1,57 @@
-"""The HTTP load generator: closed-loop workers over real loopback HTTP (httpx).
+"""The HTTP load generator: closed-loop workers or open-loop Poisson arrivals over real
+loopback HTTP (httpx).
 
 It runs in a child process (see :class:`LoadProcess`) so that the client's own
 Python work does not share the server process's GIL: the server process then
 looks like a real deployment (engine owner loop, HTTP thread, EngineCore
 process), and the measured latency is what a separate client sees.
+
+Prompts: request ``i`` of a job is request ``first_id + i`` of the run, and its
+prompt starts (after an optional shared prefix) with that number written in
+:data:`ID_TOKENS` token ids, so no two requests of a run share a prompt, nor
+the first block of one, whatever the round, mode or scenario: no prefix-cache
+hit makes one request cheaper than another unless ``shared_prefix`` asks for
+it.  Lengths depend on ``seed`` and ``i`` only, so every mode of one round and
+scenario gets the same sequence of lengths.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import math
 import multiprocessing as mp
+import random
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["Job", "LoadProcess", "Sample", "run_job"]
+__all__ = [
+    "ID_TOKENS",
+    "LENGTH_SHAPES",
+    "Job",
+    "LoadProcess",
+    "Sample",
+    "length_bounds",
+    "prompt_tokens",
+    "request_lengths",
+    "arrival_times",
+    "run_job",
+]
+
+#: Token ids used in prompts: 10..259, valid in any tokenizer with 260+ ids.
+_TOKEN_LO, _TOKEN_BASE = 10, 250
+#: Leading prompt tokens that spell the request's number in the run (250**4 ids).
+ID_TOKENS = 4
+#: Length distributions: ``fixed`` (every request the given lengths) or ``lognormal``
+#: (median = the given length, log-sigma below, clipped to [median/4, median*4]):
+#: the right-skewed shape of chat traffic (many short prompts and answers, a long tail).
+LENGTH_SHAPES = {"fixed": (0.0, 0.0), "lognormal": (0.8, 0.6)}  # (prompt sigma, output sigma)
+_CLIP = 4.0
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 @dataclass(frozen=True)
@@ -27,12 +61,17 @@ class Job:
     url: str
     model: str
     requests: int
-    concurrency: int
-    prompt_len: int
+    concurrency: int  # closed loop: workers; open loop: most connections
+    prompt_len: int  # median with a length distribution
     output_len: int
     stream: bool
     timeout_s: float
-    seed: int = 0
+    seed: int = 0  # lengths and arrival times
+    first_id: int = 0  # the run-wide number of request 0: prompts are unique per number
+    lengths: str = "fixed"  # a key of LENGTH_SHAPES
+    shared_prefix: int = 0  # tokens every prompt of the run starts with
+    endpoint: str = "completions"  # a key of ENDPOINTS
+    rate: float = 0.0  # open loop: Poisson arrivals at this many requests/s; 0: closed loop
 
 
 @dataclass
@@ -44,16 +83,79 @@ class Sample:
     e2e: float
     tokens: int
     error: str | None = None
+    # Gaps between streamed events that carry text (the first one after TTFT):
+    # vLLM's own `bench serve` definition of ITL.  Empty without streaming.
+    itl: list[float] = field(default_factory=list)
+    prompt_hash: str = ""  # of the prompt sent: the uniqueness check reads it
+    output_len: int = 0  # tokens asked for
 
 
-def _prompt(job: Job, i: int) -> list[int]:
-    # Token ids, so the prompt length is exact for any tokenizer; distinct per
-    # request, so no prefix cache hit makes one request cheaper than another.
-    base = 10 + (job.seed * 131 + i * 17) % 200
-    return [10 + (base + k * 7) % 250 for k in range(job.prompt_len)]
+def length_bounds(median: int, shape: str) -> tuple[int, int]:
+    """The smallest and largest length the distribution ``shape`` draws around ``median``."""
+    if LENGTH_SHAPES[shape] == (0.0, 0.0):
+        return median, median
+    return max(1, math.ceil(median / _CLIP)), int(median * _CLIP)
 
 
-_FIRST_TEXT = re.compile(rb'"text":"[^"]')
+def request_lengths(job: Job, i: int) -> tuple[int, int]:
+    """(prompt tokens, output tokens) of request ``i``: a function of seed and ``i`` only."""
+    sp, so = LENGTH_SHAPES[job.lengths]
+    if sp == 0.0 and so == 0.0:
+        return job.prompt_len, job.output_len
+    rng = random.Random(f"lengths:{job.seed}:{i}")
+    out = []
+    for median, sigma in ((job.prompt_len, sp), (job.output_len, so)):
+        lo, hi = length_bounds(median, job.lengths)
+        out.append(min(hi, max(lo, round(median * math.exp(rng.gauss(0.0, sigma))))))
+    prompt = max(out[0], job.shared_prefix + ID_TOKENS)
+    return prompt, out[1]
+
+
+def prompt_tokens(job: Job, i: int) -> list[int]:
+    """The prompt of request ``i``: token ids, so its length is exact for any tokenizer."""
+    n, _ = request_lengths(job, i)
+    rid = job.first_id + i
+    digits = []
+    for _ in range(ID_TOKENS):
+        rid, d = divmod(rid, _TOKEN_BASE)
+        digits.append(_TOKEN_LO + d)
+    if rid:
+        raise ValueError(f"request number {job.first_id + i} needs more than {ID_TOKENS} tokens")
+    prefix = [_TOKEN_LO + (k * 7) % _TOKEN_BASE for k in range(job.shared_prefix)]
+    head = prefix + digits[::-1]
+    rest = n - len(head)
+    if rest < 0:
+        raise ValueError(f"prompt of {n} tokens cannot hold {len(head)} (prefix + number)")
+    salt = job.first_id + i
+    return head + [_TOKEN_LO + (salt * 31 + k * 7) % _TOKEN_BASE for k in range(rest)]
+
+
+def _body(job: Job, i: int) -> tuple[dict[str, Any], str]:
+    tokens = prompt_tokens(job, i)
+    _, out_len = request_lengths(job, i)
+    body: dict[str, Any] = {
+        "model": job.model,
+        "max_tokens": out_len,
+        "min_tokens": out_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": job.stream,
+    }
+    if job.endpoint == "chat":
+        # Chat takes text: one word per token id.  The chat template adds its own
+        # tokens, so the prompt length is approximate (usage reports the real one).
+        body["messages"] = [{"role": "user", "content": " ".join(map(str, tokens))}]
+    else:
+        body["prompt"] = tokens
+    if job.stream:
+        body["stream_options"] = {"include_usage": True}
+    digest = hashlib.blake2b(repr(tokens).encode(), digest_size=8).hexdigest()
+    return body, digest
+
+
+# An event that carries text: completions' "text", chat's "content" (the chat
+# stream's first event, the role alone, carries "content":"").
+_FIRST_TEXT = re.compile(rb'"(?:text|content)":"[^"]')
 _TAIL = 8192
 
 
@@ -80,57 +182,61 @@ def _stream_end(tail: bytes, error: bool) -> tuple[int, str | None]:
 
 
 async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
-    body: dict[str, Any] = {
-        "model": job.model,
-        "prompt": _prompt(job, i),
-        "max_tokens": job.output_len,
-        "min_tokens": job.output_len,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": job.stream,
-    }
-    if job.stream:
-        body["stream_options"] = {"include_usage": True}
+    body, digest = _body(job, i)
+    want = int(body["max_tokens"])
+    path = ENDPOINTS[job.endpoint]
     t0 = time.perf_counter()
     start = t0 - t_job
+
+    def failed(error: str) -> Sample:
+        t1 = time.perf_counter()
+        return Sample(start, t1 - t0, t1 - t0, 0, error, [], digest, want)
+
     try:
         if not job.stream:
-            resp = await client.post("/v1/completions", json=body)
+            resp = await client.post(path, json=body)
             t1 = time.perf_counter()
             if resp.status_code != 200:
-                return Sample(
-                    start, t1 - t0, t1 - t0, 0, f"HTTP {resp.status_code}: {resp.text[:200]}"
-                )
+                return failed(f"HTTP {resp.status_code}: {resp.text[:200]}")
             tokens = int(resp.json()["usage"]["completion_tokens"])
-            err = (
-                None if tokens == job.output_len else f"{tokens} tokens, expected {job.output_len}"
-            )
-            return Sample(start, t1 - t0, t1 - t0, tokens, err)
+            err = None if tokens == want else f"{tokens} tokens, expected {want}"
+            return Sample(start, t1 - t0, t1 - t0, tokens, err, [], digest, want)
         # Scanning raw bytes instead of decoding every event keeps the client
         # cheap: at high concurrency a per-event json.loads made the load
-        # generator, not the server, the bottleneck.
+        # generator, not the server, the bottleneck.  Events that arrive in one
+        # read get one gap and zeros, as they would in any client.
         ttft: float | None = None
+        last = 0.0
+        itl: list[float] = []
         tail = b""
         error = False
-        async with client.stream("POST", "/v1/completions", json=body) as resp:
+        async with client.stream("POST", path, json=body) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
-                t1 = time.perf_counter()
-                return Sample(start, t1 - t0, t1 - t0, 0, f"HTTP {resp.status_code}: {text[:200]}")
+                return failed(f"HTTP {resp.status_code}: {text[:200]}")
             async for chunk in resp.aiter_raw():
-                if ttft is None and _FIRST_TEXT.search(chunk):
-                    ttft = time.perf_counter() - t0
+                events = len(_FIRST_TEXT.findall(chunk))
+                if events:
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - t0
+                        events -= 1
+                    else:
+                        itl.append(now - last)
+                        events -= 1
+                    itl.extend([0.0] * events)
+                    last = now
                 if b'"error"' in chunk:
                     error = True
                 tail = (tail + chunk)[-_TAIL:]
         t1 = time.perf_counter()
         tokens, err = _stream_end(tail, error)
-        if err is None and tokens != job.output_len:
-            err = f"{tokens} tokens, expected {job.output_len}"
-        return Sample(start, ttft if ttft is not None else t1 - t0, t1 - t0, tokens, err)
+        if err is None and tokens != want:
+            err = f"{tokens} tokens, expected {want}"
+        ttft_s = ttft if ttft is not None else t1 - t0
+        return Sample(start, ttft_s, t1 - t0, tokens, err, itl, digest, want)
     except Exception as exc:  # every failure is a sample, never an abort of the run
-        t1 = time.perf_counter()
-        return Sample(start, t1 - t0, t1 - t0, 0, f"{type(exc).__name__}: {exc}"[:300])
+        return failed(f"{type(exc).__name__}: {exc}"[:300])
 
 
 async def _open_connections(client: Any, n: int) -> None:
@@ -158,28 +264,53 @@ async def _open_connections(client: Any, n: int) -> None:
     await asyncio.gather(*(hold() for _ in range(n)))
 
 
+def arrival_times(job: Job) -> list[float]:
+    """Open loop: seconds from the job's start at which each request is sent (Poisson)."""
+    rng = random.Random(f"arrivals:{job.seed}")
+    t, out = 0.0, []
+    for _ in range(job.requests):
+        out.append(t)
+        t += rng.expovariate(job.rate)
+    return out
+
+
 async def run_job(job: Job) -> tuple[float, list[Sample]]:
-    """Run ``job`` with ``concurrency`` workers on kept-alive connections; return (wall s, samples)."""
+    """Run ``job`` on kept-alive connections; return (wall s, samples).
+
+    Closed loop: ``concurrency`` workers send requests back to back.  Open loop
+    (``rate`` > 0): requests are sent at Poisson arrival times whatever the
+    server's progress, on up to ``concurrency`` connections.
+    """
     import httpx
 
     limits = httpx.Limits(
         max_connections=job.concurrency, max_keepalive_connections=job.concurrency
     )
     samples: list[Sample] = []
-    next_i = 0
     workers = min(job.concurrency, job.requests)
     async with httpx.AsyncClient(base_url=job.url, timeout=job.timeout_s, limits=limits) as client:
         await _open_connections(client, workers)
         t_job = time.perf_counter()
+        if job.rate > 0:
 
-        async def worker() -> None:
-            nonlocal next_i
-            while next_i < job.requests:
-                i = next_i
-                next_i += 1
+            async def send(i: int, at: float) -> None:
+                delay = t_job + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # the schedule, not a wait for an event
                 samples.append(await _one(client, job, i, t_job))
 
-        await asyncio.gather(*(worker() for _ in range(workers)))
+            await asyncio.gather(*(send(i, at) for i, at in enumerate(arrival_times(job))))
+        else:
+            next_i = 0
+
+            async def worker() -> None:
+                nonlocal next_i
+                while next_i < job.requests:
+                    i = next_i
+                    next_i += 1
+                    samples.append(await _one(client, job, i, t_job))
+
+            await asyncio.gather(*(worker() for _ in range(workers)))
         wall = time.perf_counter() - t_job
     return wall, samples
 
@@ -213,6 +344,8 @@ class LoadProcess:
         self._conn.send(asdict(job))
         # The job bounds itself (per-request timeout); this bounds a wedged child.
         limit = job.timeout_s * (job.requests / max(1, job.concurrency) + 2) + 60
+        if job.rate > 0:
+            limit += job.requests / job.rate
         if not self._conn.poll(limit):
             raise TimeoutError(f"load generator gave no answer within {limit:.0f} s")
         status, wall, payload = self._conn.recv()

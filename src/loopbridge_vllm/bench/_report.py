@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "headlines",
     "markdown",
     "percentile",
     "plot",
@@ -39,12 +40,48 @@ def percentile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def scenario_key(stream: bool, c: int, busy: bool) -> str:
-    return f"{'stream' if stream else 'nostream'}-c{c}{'-busy' if busy else ''}"
+def scenario_key(
+    stream: bool,
+    c: int,
+    busy: bool,
+    endpoint: str = "completions",
+    rate_fraction: float | None = None,
+) -> str:
+    """``stream-c16``, ``nostream-chat-c1-busy``, ``stream-r0.5`` (open loop, half of capacity)."""
+    load = f"r{rate_fraction:g}" if rate_fraction is not None else f"c{c}"
+    chat = "-chat" if endpoint == "chat" else ""
+    return f"{'stream' if stream else 'nostream'}{chat}-{load}{'-busy' if busy else ''}"
 
 
 def _rec_key(rec: dict[str, Any]) -> str:
-    return scenario_key(rec.get("stream", True), rec["concurrency"], rec["busy"])
+    return scenario_key(
+        rec.get("stream", True),
+        rec["concurrency"],
+        rec["busy"],
+        rec.get("endpoint", "completions"),
+        rec.get("rate_fraction"),
+    )
+
+
+#: Statistics compared with the baselines, as ``{stat}_vs_{baseline}``.
+_COMPARED = (
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p99",
+    "itl_p50",
+    "itl_p99",
+    "itl_max",
+    "e2e_p50",
+    "cpu_per_request",
+)
+
+
+def _tpot(s: dict[str, Any]) -> float | None:
+    """Time per output token after the first: vLLM's ``bench serve`` definition."""
+    if s["tokens"] < 2:
+        return None
+    return float((s["e2e"] - s["ttft"]) / (s["tokens"] - 1))
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,55 +89,70 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     ``records`` hold one entry per (round, scenario, mode) with that round's
     samples.  Latency percentiles pool every successful request of the mode in
-    that scenario; the request rate is the median over rounds.  Ratios compare
-    modes of the same scenario, so drift hits both sides alike (rounds
+    that scenario (ITL pools every gap); the request rate is the median over
+    rounds; server CPU is per successful request over all rounds.  Ratios
+    compare modes of the same scenario, so drift hits both sides alike (rounds
     interleave the modes).
     """
-    groups: dict[tuple[bool, bool, int, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    order = {m: i for i, m in enumerate(MODE_COLORS)}
     for rec in records:
         if rec["warmup"]:
             continue
-        key = (rec["busy"], not rec.get("stream", True), rec["concurrency"], rec["mode"])
+        rf = rec.get("rate_fraction")
+        key = (
+            rec["busy"],
+            rec.get("endpoint", "completions") != "completions",
+            rf is not None,
+            not rec.get("stream", True),
+            rf or 0.0,
+            rec["concurrency"],
+            order.get(rec["mode"], 9),
+            rec["mode"],
+        )
         groups.setdefault(key, []).append(rec)
     rows: list[dict[str, Any]] = []
-    order = {m: i for i, m in enumerate(MODE_COLORS)}
-    for (busy, nostream, c, mode), recs in sorted(
-        groups.items(), key=lambda kv: (*kv[0][:3], order.get(kv[0][3], 9))
-    ):
+    for key, recs in sorted(groups.items(), key=lambda kv: kv[0]):
+        mode = key[-1]
+        first = recs[0]
         ok = [s for r in recs for s in r["samples"] if s["error"] is None]
         errors = [s["error"] for r in recs for s in r["samples"] if s["error"] is not None]
         e2e = [s["e2e"] for s in ok]
         ttft = [s["ttft"] for s in ok]
+        tpot = [t for t in map(_tpot, ok) if t is not None] if first.get("stream", True) else []
+        itl = [x for s in ok for x in s.get("itl", ())]
         rates = [r["ok"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
         tok_rates = [r["tokens"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
+        cpu = [r["server_cpu_s"] for r in recs if r.get("server_cpu_s") is not None]
         p99_rounds = [
             percentile([s["e2e"] for s in r["samples"] if s["error"] is None], 99) for r in recs
         ]
-        rows.append(
-            {
-                "scenario": scenario_key(not nostream, c, busy),
-                "stream": not nostream,
-                "concurrency": c,
-                "busy": busy,
-                "mode": mode,
-                "rounds": len(recs),
-                "requests": sum(len(r["samples"]) for r in recs),
-                "ok": len(ok),
-                "errors": len(errors),
-                "error_examples": sorted(set(errors))[:3],
-                "engine_died": sum(1 for r in recs if r.get("engine_died")),
-                "rate_rps": statistics.median(rates) if rates else math.nan,
-                "rate_rps_rounds": rates,
-                "tokens_per_s": statistics.median(tok_rates) if tok_rates else math.nan,
-                "ttft_p50": percentile(ttft, 50),
-                "ttft_p95": percentile(ttft, 95),
-                "ttft_p99": percentile(ttft, 99),
-                "e2e_p50": percentile(e2e, 50),
-                "e2e_p95": percentile(e2e, 95),
-                "e2e_p99": percentile(e2e, 99),
-                "e2e_p99_rounds": p99_rounds,
-            }
-        )
+        row: dict[str, Any] = {
+            "scenario": _rec_key(first),
+            "stream": first.get("stream", True),
+            "concurrency": first["concurrency"],
+            "busy": first["busy"],
+            "endpoint": first.get("endpoint", "completions"),
+            "rate_fraction": first.get("rate_fraction"),
+            "offered_rps": first.get("offered_rps"),
+            "mode": mode,
+            "rounds": len(recs),
+            "requests": sum(len(r["samples"]) for r in recs),
+            "ok": len(ok),
+            "errors": len(errors),
+            "error_examples": sorted(set(errors))[:3],
+            "engine_died": sum(1 for r in recs if r.get("engine_died")),
+            "rate_rps": statistics.median(rates) if rates else math.nan,
+            "rate_rps_rounds": rates,
+            "tokens_per_s": statistics.median(tok_rates) if tok_rates else math.nan,
+            "cpu_per_request": sum(cpu) / len(ok) if cpu and ok else math.nan,
+            "e2e_p99_rounds": p99_rounds,
+        }
+        for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
+            for q in (50, 95, 99):
+                row[f"{name}_p{q}"] = percentile(xs, q)
+            row[f"{name}_max"] = max(xs) if xs else math.nan
+        rows.append(row)
     by = {(r["scenario"], r["mode"]): r for r in rows}
     for r in rows:
         for base in BASELINES:
@@ -108,7 +160,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if b is None or b is r:
                 continue
             tag = base.replace("-", "")
-            for stat in ("ttft_p50", "ttft_p99", "e2e_p50"):
+            for stat in _COMPARED:
                 r[f"{stat}_vs_{tag}"] = _ratio(r[stat], b[stat])
             r[f"p99_vs_{tag}"] = _ratio(r["e2e_p99"], b["e2e_p99"])
             r[f"rate_vs_{tag}"] = _ratio(r["rate_rps"], b["rate_rps"])
@@ -118,8 +170,13 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+#: Below this (seconds) a baseline is timer noise, not a time: no ratio against it.
+#: Stream events that arrive in one read have gaps of zero, so an ITL p50 can be 0.
+_RATIO_FLOOR = 1e-4
+
+
 def _ratio(a: float, b: float) -> float:
-    if b == 0 or math.isnan(a) or math.isnan(b):
+    if math.isnan(a) or math.isnan(b) or b < _RATIO_FLOOR:
         return math.nan
     return a / b
 
@@ -132,6 +189,10 @@ def _x(x: float | None) -> str:
     return "" if x is None or math.isnan(x) else f"{x:.2f}x"
 
 
+def _three(r: dict[str, Any], name: str) -> str:
+    return " / ".join(_ms(r[f"{name}_{q}"]) for q in ("p50", "p99", "max"))
+
+
 def versions_line(meta: dict[str, Any]) -> str:
     """Which releases produced a figure: every table and plot carries this."""
     v = meta["versions"]
@@ -142,31 +203,103 @@ def versions_line(meta: dict[str, Any]) -> str:
     stock = meta.get("stock_vllm_version")
     if stock:
         line += f"; the stock server reported vLLM {stock}"
+    gpus = meta.get("gpus")
+    if gpus:
+        names = sorted({g["name"] for g in gpus})
+        line += f"; {len(gpus)} GPU{'s' if len(gpus) > 1 else ''} ({', '.join(names)})"
     return line + "."
 
 
+def headlines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per scenario: loopbridge against stock (or the first baseline present)."""
+    out = []
+    for r in rows:
+        if r["mode"] != "loopbridge":
+            continue
+        base = next((b for b in BASELINES if f"rate_vs_{b.replace('-', '')}" in r), None)
+        if base is None:
+            continue
+        tag = base.replace("-", "")
+        parts = [
+            f"{label} {_x(r.get(f'{stat}_vs_{tag}')) or '-'}"
+            for label, stat in (
+                ("TTFT p50", "ttft_p50"),
+                ("TTFT p99", "ttft_p99"),
+                ("TPOT p50", "tpot_p50"),
+                ("ITL p99", "itl_p99"),
+                ("e2e p99", "p99"),
+                ("req/s", "rate"),
+                ("CPU/req", "cpu_per_request"),
+            )
+            if r["stream"] or stat not in ("ttft_p50", "ttft_p99", "tpot_p50", "itl_p99")
+        ]
+        out.append(
+            f"{r['scenario']}: loopbridge vs {base}: {', '.join(parts)}; {r['errors']} errors"
+        )
+    return out
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lengths = meta.get("lengths", "fixed")
+    if lengths == "fixed":
+        shape = f"Prompt {meta['prompt_len']} tokens, output {meta['output_len']} tokens"
+    else:
+        lb = meta["length_bounds"]
+        shape = (
+            f"Lengths {lengths}: prompt median {meta['prompt_len']} tokens "
+            f"({lb['prompt'][0]}..{lb['prompt'][1]}), output median {meta['output_len']} "
+            f"({lb['output'][0]}..{lb['output'][1]})"
+        )
+    pc = meta.get("prefix_cache") or {}
+    cache = "Prefix caching off; every prompt unique."
+    if pc.get("enabled"):
+        hit = pc.get("expected_hit_rate")
+        cache = (
+            f"Prefix caching on, {pc.get('shared_prefix_tokens', 0)}-token shared prefix: "
+            f"expected hit rate {'?' if hit is None else f'{hit:.0%}'} of prompt tokens."
+        )
     lines = [
-        f"{versions_line(meta)} Prompt {meta['prompt_len']} tokens, output "
-        f"{meta['output_len']} tokens; {meta['requests']} requests per mode per round, "
+        f"{versions_line(meta)} {shape}; {meta['requests']} requests per mode per round, "
         f"{meta['rounds']} measured rounds, kept-alive connections (one per worker, opened "
-        "before the clock starts). Latencies in ms (pooled over rounds; without streaming, "
-        "TTFT is the whole response); rate = median requests/s over rounds. Ratios are "
-        "against `stock` (`vllm serve`) in the same scenario, measured interleaved.",
+        f"before the clock starts). {cache} Latencies in ms, pooled over rounds, as "
+        "p50 / p99 / max; without streaming, TTFT is the whole response and there is no "
+        "TPOT or ITL. TPOT = (e2e - TTFT) / (tokens - 1) per request; ITL = gaps between "
+        "streamed events. rate = median requests/s over rounds; CPU = the serving "
+        "process's CPU ms per request (stock: `vllm serve`'s API process; threaded: this "
+        "process). `rN` scenarios are open loop: Poisson arrivals at N times stock's "
+        "measured capacity.",
+    ]
+    lines += [
         "",
-        "| scenario | mode | req/s | TTFT p50 | TTFT p99 | e2e p50 | e2e p99 | errors "
-        "| TTFT p50 vs stock | TTFT p99 vs stock | e2e p50 vs stock | e2e p99 vs stock "
-        "| req/s vs stock | e2e p99 vs per-hop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *headlines(rows),
+        "",
+        "| scenario | mode | req/s | TTFT | TPOT | ITL | e2e | CPU ms/req | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         err = str(r["errors"]) + (f" (engine died {r['engine_died']}x)" if r["engine_died"] else "")
         lines.append(
-            f"| {r['scenario']} | {r['mode']} | {r['rate_rps']:.2f} | {_ms(r['ttft_p50'])} | "
-            f"{_ms(r['ttft_p99'])} | {_ms(r['e2e_p50'])} | {_ms(r['e2e_p99'])} | {err} | "
-            f"{_x(r.get('ttft_p50_vs_stock'))} | {_x(r.get('ttft_p99_vs_stock'))} | "
+            f"| {r['scenario']} | {r['mode']} | {r['rate_rps']:.2f} | {_three(r, 'ttft')} | "
+            f"{_three(r, 'tpot')} | {_three(r, 'itl')} | {_three(r, 'e2e')} | "
+            f"{_ms(r['cpu_per_request'])} | {err} |"
+        )
+    lines += [
+        "",
+        "Against `stock` (`vllm serve`) in the same scenario, measured interleaved:",
+        "",
+        "| scenario | mode | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 "
+        "| ITL max | e2e p50 | e2e p99 | req/s | CPU/req | e2e p99 vs per-hop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["mode"] == "stock":
+            continue
+        cells = [_x(r.get(f"{stat}_vs_stock")) for stat in _COMPARED[:-2]]
+        lines.append(
+            f"| {r['scenario']} | {r['mode']} | {' | '.join(cells)} | "
             f"{_x(r.get('e2e_p50_vs_stock'))} | {_x(r.get('p99_vs_stock'))} | "
-            f"{_x(r.get('rate_vs_stock'))} | {_x(r.get('p99_vs_perhop'))} |"
+            f"{_x(r.get('rate_vs_stock'))} | {_x(r.get('cpu_per_request_vs_stock'))} | "
+            f"{_x(r.get('p99_vs_perhop'))} |"
         )
     checks = target_checks(rows)
     if checks:
@@ -234,9 +367,10 @@ def plot(
     title: str,
     meta: dict[str, Any],
 ) -> list[Path]:
-    """latency_cdf.png (one panel per scenario) and latency_p99.png (p99 vs concurrency).
+    """latency_cdf.png (e2e, one panel per scenario), latency_itl.png (ITL, streaming
+    scenarios) and latency_p99.png (p99 vs concurrency, closed loop).
 
-    Both carry the versions that produced them (:func:`versions_line`).
+    All carry the versions that produced them (:func:`versions_line`).
     """
     import matplotlib
 
@@ -249,48 +383,64 @@ def plot(
     if not scenarios:
         return out
     footer = versions_line(meta)
-    ncols = min(3, len(scenarios))
-    nrows = math.ceil(len(scenarios) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 3.8 * nrows), squeeze=False)
-    for ax, sc in zip(axes.flat, scenarios):
-        for mode in modes:
-            xs = sorted(
-                s["e2e"]
-                for rec in records
-                if not rec["warmup"] and rec["mode"] == mode and _rec_key(rec) == sc
-                for s in rec["samples"]
-                if s["error"] is None
-            )
-            if not xs:
-                continue
-            ys = [(i + 1) / len(xs) for i in range(len(xs))]
-            ax.plot([x * 1e3 for x in xs], ys, label=mode, color=MODE_COLORS.get(mode), lw=1.6)
-        ax.set_title(sc)
-        ax.set_xlabel("end-to-end latency (ms)")
-        ax.set_ylabel("fraction of requests")
-        ax.axhline(0.99, color="k", lw=0.5, ls=":")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
-    for ax in list(axes.flat)[len(scenarios) :]:
-        ax.set_visible(False)
-    fig.suptitle(f"Latency CDF per mode: {title}")
-    fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=8)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    path = out_dir / "latency_cdf.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    out.append(path)
+    streamed = list(dict.fromkeys(r["scenario"] for r in rows if r["stream"]))
+    for name, metric, panels_of, xlabel in (
+        ("latency_cdf.png", "e2e", scenarios, "end-to-end latency (ms)"),
+        ("latency_itl.png", "itl", streamed, "inter-token latency (ms)"),
+    ):
+        if not panels_of:
+            continue
+        ncols = min(3, len(panels_of))
+        nrows = math.ceil(len(panels_of) / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 3.8 * nrows), squeeze=False)
+        for ax, sc in zip(axes.flat, panels_of):
+            for mode in modes:
+                xs = sorted(
+                    x
+                    for rec in records
+                    if not rec["warmup"] and rec["mode"] == mode and _rec_key(rec) == sc
+                    for s in rec["samples"]
+                    if s["error"] is None
+                    for x in (s.get("itl", ()) if metric == "itl" else (s["e2e"],))
+                )
+                if not xs:
+                    continue
+                ys = [(i + 1) / len(xs) for i in range(len(xs))]
+                ax.plot([x * 1e3 for x in xs], ys, label=mode, color=MODE_COLORS.get(mode), lw=1.6)
+            ax.set_title(sc)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("fraction")
+            ax.axhline(0.99, color="k", lw=0.5, ls=":")
+            ax.grid(alpha=0.3)
+            ax.legend(loc="lower right", fontsize=8)
+        for ax in list(axes.flat)[len(panels_of) :]:
+            ax.set_visible(False)
+        fig.suptitle(f"{'ITL' if metric == 'itl' else 'Latency'} CDF per mode: {title}")
+        fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=8)
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        path = out_dir / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append(path)
 
-    panels = sorted({(r["busy"], not r["stream"]) for r in rows})
+    rows = [r for r in rows if r.get("rate_fraction") is None]  # closed loop: x = concurrency
+    if not rows:
+        return out
+    panels = sorted({(r["busy"], not r["stream"], r["endpoint"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.2), squeeze=False)
-    for ax, (busy, nostream) in zip(axes.flat, panels):
-        mine = [r for r in rows if r["busy"] == busy and r["stream"] != nostream]
+    for ax, (busy, nostream, endpoint) in zip(axes.flat, panels):
+        mine = [
+            r
+            for r in rows
+            if r["busy"] == busy and r["stream"] != nostream and r["endpoint"] == endpoint
+        ]
         for mode in modes:
             for stat, marker, ls, label in (
                 ("e2e_p99", "o", "-", "e2e"),
                 ("ttft_p99", "x", "--", "TTFT"),
+                ("itl_p99", ".", ":", "ITL"),
             ):
-                if nostream and stat == "ttft_p99":
+                if nostream and stat != "e2e_p99":
                     continue  # the same as e2e without streaming
                 pts = sorted((r["concurrency"], r[stat]) for r in mine if r["mode"] == mode)
                 if not pts:
@@ -305,7 +455,7 @@ def plot(
                 )
         ax.set_title(
             f"{'non-streaming' if nostream else 'streaming'}, "
-            f"{'busy' if busy else 'idle'} owner loop"
+            f"{'busy' if busy else 'idle'} owner loop{', chat' if endpoint == 'chat' else ''}"
         )
         ax.set_xlabel("concurrency (kept-alive connections)")
         ax.set_ylabel("p99 latency (ms)")

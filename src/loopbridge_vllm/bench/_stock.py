@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,9 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = ["StockServer", "StockStartError", "stock_argv"]
+
+
+_KV_LINE = re.compile(rb"KV cache size: ([\d,]+) tokens")
 
 
 class StockStartError(RuntimeError):
@@ -155,6 +159,24 @@ class StockServer:
         raise StockStartError(
             f"vllm serve did not answer /health in {timeout:.0f} s:\n{self._tail()}"
         )
+
+    def kv_cache(self) -> dict[str, Any]:
+        """Its KV-cache size in tokens, from its log (it runs at INFO for this line)."""
+        found = _KV_LINE.findall(self.log_path.read_bytes()) if self.log_path.exists() else []
+        tokens = int(found[-1].replace(b",", b"")) if found else None
+        return {"tokens": tokens, "source": "log" if found else "not in its log"}
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the server process (not its EngineCore) has used so far (Linux)."""
+        if self._proc is None:
+            return 0.0
+        try:
+            stat = Path(f"/proc/{self._proc.pid}/stat").read_text()
+        except OSError:
+            return 0.0
+        # After the parenthesized command name: utime and stime are fields 14 and 15.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     @property
     def alive(self) -> bool:
