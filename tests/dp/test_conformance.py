@@ -575,6 +575,6 @@ def test_filter_installs_into_the_real_class() -> None:
 def test_filter_is_a_noop_on_other_versions() -> None:
     with mock.patch("vllm.__version__", "0.34.0"):
         ok, why = _patch.installed_version_supported()
-        assert not ok and "vLLM 0.34.0 is not supported (checked: 0.32.x, 0.33.x)" in why
+        assert not ok and "vLLM 0.34.0 is not supported (checked: 0.32.0, 0.33.0)" in why
         assert _patch.install_filter() is False
     assert not _patch.is_installed()

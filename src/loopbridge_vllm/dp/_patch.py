@@ -22,15 +22,30 @@ for good and held wave starts would pile up without bound.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
 from ._filter import Decision, FilterView, MessageKind, decide
 
-#: vLLM versions whose ``DPEngineCoreProc`` the filter was checked against
-#: (model variant, per-rank conformance with and without the filter, and a
-#: real DP=2 group); any other version is refused.
-SUPPORTED_PREFIXES = ("0.32.", "0.33.")
+#: The exact vLLM releases whose ``DPEngineCoreProc`` the filter was checked
+#: against (model variant, per-rank conformance with and without the filter,
+#: and a real DP=2 group); any other version string is refused, release
+#: candidates, dev, post and local builds of these included.
+CHECKED_VERSIONS = ("0.32.0", "0.33.0")
+
+#: Explicit override: set to the installed vLLM version string (exactly) to
+#: install the filter on a build it was not checked against.  The structural
+#: check still applies, and the plugin's line says the override was used.
+UNCHECKED_ENV = "LOOPBRIDGE_DP_FILTER_UNCHECKED_VLLM"
+
+#: What vLLM 0.32 users must know even with the filter installed.
+FINDING_3 = (
+    "on vLLM 0.32 a DP group can still wedge without any pause (finding 3: two "
+    "requests to different ranks while the front end's stats task runs late, "
+    "e.g. on a busy event loop), which no filter can fix; vLLM 0.33 is clean "
+    "there, use it"
+)
 
 _ORIGINAL_ATTR = "_loopbridge_original_handle_client_request"
 _HELD_ATTR = "_loopbridge_held"
@@ -127,22 +142,36 @@ def _release(engine: Any, original: Handler, held: list[tuple[Any, Any]]) -> Non
 
 
 def installed_version_supported() -> tuple[bool, str]:
-    """Whether the installed vLLM is one the filter applies to, and why."""
+    """Whether the installed vLLM is one the filter applies to, and why.
+
+    The reason names the version; on 0.32 it carries the finding-3 warning,
+    and with :data:`UNCHECKED_ENV` it says the override was used.
+    """
     import vllm
 
     version = str(vllm.__version__)
-    if not version.startswith(SUPPORTED_PREFIXES):
-        checked = ", ".join(p + "x" for p in SUPPORTED_PREFIXES)
-        return False, (
-            f"vLLM {version} is not supported (checked: {checked}): the filter's rules "
-            "were checked only against those releases' DP engine-core protocol"
-        )
+    override = os.environ.get(UNCHECKED_ENV, "")
+    why = f"vLLM {version}"
+    if version not in CHECKED_VERSIONS:
+        checked = ", ".join(CHECKED_VERSIONS)
+        if override != version:
+            hint = f"set {UNCHECKED_ENV}={version} to install it anyway"
+            if override:
+                hint = f"{UNCHECKED_ENV}={override} does not name it; " + hint
+            return False, (
+                f"vLLM {version} is not supported (checked: {checked}): the filter's "
+                "rules were checked only against those releases' DP engine-core "
+                f"protocol ({hint})"
+            )
+        why += f", NOT checked (checked: {checked}), installed because {UNCHECKED_ENV}={override}"
     from vllm.v1.engine.core import DPEngineCoreProc
 
     for attr in ("_pause_complete", "resume_scheduler", "_has_global_unfinished_reqs"):
         if attr not in vars(DPEngineCoreProc):
             return False, f"DPEngineCoreProc.{attr} missing: not the two-phase pause"
-    return True, f"vLLM {version}"
+    if version.startswith("0.32."):
+        why += f"; WARNING: {FINDING_3}"
+    return True, why
 
 
 def install_filter() -> bool:
