@@ -169,6 +169,9 @@ class RealRank:
         e.async_scheduling = False
         e.enable_fault_tolerance = False
         e.reject_new_requests = False  # 0.33: admission during abort/wait pauses
+        # The filter's start-up check (P5) needs the group's store; it has its
+        # own tests (test_plugin.py), and these ranks run the loop step by step.
+        e._loopbridge_group_checked = True
         e.vllm_config = SimpleNamespace(
             observability_config=SimpleNamespace(enable_logging_iteration_details=False),
             parallel_config=_parallel_config(),

@@ -7,9 +7,11 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -27,6 +29,7 @@ def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("VLLM_ELASTIC_EP_SCALE_UP_LAUNCH", raising=False)
     monkeypatch.delenv(_patch.UNCHECKED_ENV, raising=False)
     monkeypatch.delenv(_plugin.RAY_COPY_ENV, raising=False)
+    monkeypatch.delenv(_patch.CHECK_ENV, raising=False)
     _patch.uninstall_filter()
     yield
     _patch.uninstall_filter()
@@ -283,3 +286,97 @@ def test_vllm_front_end_plugin_loading_reaches_the_ray_actor_env(tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RESULT False True True" in done.stdout, done.stdout[-2000:]
+
+
+# -- all or none (P5): the start-up check in the DP group's own store ---------
+
+
+@pytest.fixture
+def store() -> Any:
+    """A real TCP store, the kind vLLM builds the DP group on (``dp_store``)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+def ranks_on(store: Any, size: int, elastic: bool = False) -> list[Any]:
+    """Real ``DPEngineCoreProc`` ranks, each with its own client of ``store``
+    (as each engine-core process has)."""
+    from torch.distributed import TCPStore
+
+    out = []
+    for idx in range(size):
+        rr = RealRank(idx, size)
+        del rr.e._loopbridge_group_checked  # the conformance harness skips the check
+        rr.e.dp_store = TCPStore("127.0.0.1", store.port, is_master=False)
+        rr.e.vllm_config.parallel_config = SimpleNamespace(enable_elastic_ep=elastic)
+        out.append(rr.e)
+    return out
+
+
+def test_a_group_that_all_has_the_filter_starts(store: Any) -> None:
+    engines = ranks_on(store, 3)
+    errors: list[BaseException] = []
+
+    def check(engine: Any) -> None:
+        try:
+            _patch.check_group(engine, timeout_s=60)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=check, args=(e,)) for e in engines[1:]]
+    for t in threads:
+        t.start()
+    _patch.check_group(engines[0], timeout_s=60)  # returns once every rank reported
+    for t in threads:
+        t.join(60)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+
+
+def test_a_rank_without_the_filter_stops_the_group(store: Any) -> None:
+    engines = ranks_on(store, 3)
+    store.set("loopbridge_dp_filter/rank/2", "1")  # rank 2 reported; rank 1 never does
+    with pytest.raises(_patch.FilterMismatchError) as err:
+        _patch.check_group(engines[0], timeout_s=0.5)
+    assert "DP rank 0 has the filter, but rank(s) 1 of 3 did not report it" in str(err.value)
+    assert "LOOPBRIDGE_DP_FILTER=1 (precondition P5)" in str(err.value)
+
+
+def test_the_check_runs_before_the_busy_loop(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _patch.install_filter()
+    monkeypatch.setenv(_patch.CHECK_ENV, "0.5")
+    lonely, peer = ranks_on(store, 2)
+    entered: list[int] = []
+    for e in (lonely, peer):
+        # One busy-loop round: the real loop asks this and exits when it is False.
+        e._handle_shutdown = lambda e=e: entered.append(e.dp_rank) or False
+    with pytest.raises(_patch.FilterMismatchError, match=r"rank\(s\) 1 of 2"):
+        DPEngineCoreProc.run_busy_loop(lonely)
+    assert entered == []  # the group never started serving
+    store.set("loopbridge_dp_filter/rank/1", "1")  # now the peer reports too
+    with pytest.raises(SystemExit):
+        DPEngineCoreProc.run_busy_loop(lonely)
+    assert entered == [0]
+
+
+def test_elastic_ep_engines_are_not_checked(
+    store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _patch.install_filter()
+    monkeypatch.setenv(_patch.CHECK_ENV, "0.5")
+    [engine, _] = ranks_on(store, 2, elastic=True)
+    engine._handle_shutdown = lambda: False
+    with pytest.raises(SystemExit):
+        DPEngineCoreProc.run_busy_loop(engine)  # no peer reported: still runs
+    assert not store.check(["loopbridge_dp_filter/rank/0"])
+    assert [lvl for lvl, _ in lines(caplog)] == [logging.ERROR]  # said once
+
+
+def test_the_check_time_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _patch._check_seconds() == _patch.DEFAULT_CHECK_S
+    monkeypatch.setenv(_patch.CHECK_ENV, "12.5")
+    assert _patch._check_seconds() == 12.5
+    for bad in ("soon", "0", "-1"):
+        monkeypatch.setenv(_patch.CHECK_ENV, bad)
+        with pytest.raises(ValueError, match=_patch.CHECK_ENV):
+            _patch._check_seconds()
