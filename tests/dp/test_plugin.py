@@ -214,7 +214,8 @@ def test_the_line_is_not_lost_before_vllm_configures_logging(
 # run on CPU: ``CoreEngineActorManager.create_dp_placement_groups`` looks the
 # devices up under ``current_platform.ray_device_key``, which is empty on the
 # CPU platform, and asserts "No  found in Ray cluster".  So these tests stop
-# at vLLM's own env-copy function, called as the actor manager calls it.
+# at vLLM's own env-copy function, called as the actor manager calls it;
+# test_plugin_ray.py carries the result into real Ray actors.
 
 
 def actor_env() -> dict[str, str]:
