@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.executor.abstract import Executor
+from vllm.v1.executor.abstract import SLEEP_TAGS, Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes
@@ -55,6 +55,11 @@ class _StandInWorker(WorkerCalls):
             raise ValueError(f"{STEP_ENV} must be a number of seconds, got {raw!r}") from None
         self.token_base = _FIRST_TOKEN
         self.steps = 0
+        #: The sleep level while any memory sleeps, None while awake.
+        self.asleep: int | None = None
+        self._sleeping_tags: set[str] = set()
+        #: Forward passes attempted while asleep (always refused).
+        self.steps_while_asleep = 0
 
     # -- set-up ---------------------------------------------------------------
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
@@ -96,6 +101,13 @@ class _StandInWorker(WorkerCalls):
 
     # -- the faked forward pass -------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        if self.asleep is not None and scheduler_output.total_num_scheduled_tokens > 0:
+            # A real worker's weights and KV cache are gone while asleep: a
+            # forward then is a bug in whoever scheduled it.
+            self.steps_while_asleep += 1
+            raise RuntimeError(
+                f"stand-in worker asked to run a forward while asleep ({self.asleep})"
+            )
         for req_id in scheduler_output.finished_req_ids:
             self._requests.pop(req_id, None)
         before: dict[str, int] = {}
@@ -162,11 +174,32 @@ class _StandInWorker(WorkerCalls):
         """Requests the scheduler has sent and not yet reported finished."""
         return len(self._requests)
 
+    def standin_sleep_state(self) -> tuple[int | None, int]:
+        """(sleep level or None when awake, forwards attempted while asleep)."""
+        return self.asleep, self.steps_while_asleep
+
+    # -- sleep mode (``EngineCore.sleep`` / ``wake_up`` through the executor) --
+    def sleep(self, level: int = 1) -> None:
+        """Level 1 keeps the weights (in host memory on a real worker), level 2
+        discards them: the token base, the stand-in's weights, is reset."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        self.asleep = level
+        self._sleeping_tags = set(SLEEP_TAGS)
+        if level == 2:
+            self.token_base = _FIRST_TOKEN
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        # ``tags`` None wakes everything; a partial wake leaves the rest asleep.
+        self._sleeping_tags -= set(SLEEP_TAGS if tags is None else tags)
+        if not self._sleeping_tags:
+            self.asleep = None
+
     # Control calls that need no work on a device.
     def _noop(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    check_health = shutdown = sleep = wake_up = discard = _noop
+    check_health = shutdown = discard = _noop
     reset_mm_cache = reset_encoder_cache = profile = _noop
     execute_dummy_batch = synchronize_device = _noop
     # The RL weight-transfer lifecycle (no weights to move here).

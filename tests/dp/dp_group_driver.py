@@ -136,6 +136,27 @@ class Driver:
 
     # --- scenarios -------------------------------------------------------
 
+    async def serve(self) -> None:
+        """One request to each rank, or how the group stops instead (a rank
+        without the filter stops a filtered group at start-up: P5)."""
+        tasks = [asyncio.ensure_future(self.generate(rank)) for rank in (0, 1)]
+        deadline = time.monotonic() + STEP_S
+        # Poll with a deadline: the engine's death shows in ``errored``, not
+        # necessarily in the requests' collectors.
+        while not all(t.done() for t in tasks) and not self.llm.errored:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        if all(t.done() and t.exception() is None for t in tasks):
+            reasons = [t.result() for t in tasks]
+            self.emit("result", scenario="serve", finished=True, reasons=reasons, error=None)
+            return
+        error = type(self.llm.dead_error).__name__ if self.llm.errored else "TimeoutError"
+        for t in tasks:
+            t.cancel()
+        self.emit("result", scenario="serve", finished=False, error=error)
+        raise SystemExit(0)
+
     async def finding1(self) -> None:
         """Resume reaches rank 0; a request to rank 0 while the client sees the
         engines idle makes the stats task send FIRST_REQ; its START_DP_WAVE

@@ -10,6 +10,10 @@ package's own ``loopbridge_dp_filter`` plugin, never instead of it):
   input queue.  Messages that arrive meanwhile queue up behind each other in
   arrival order, so "message X reaches this rank before message Y" becomes a
   fact the test can wait for instead of a timing accident.
+
+With ``LOOPBRIDGE_TEST_UNREPORTED_RANK=R`` it also makes rank R skip the
+filter's start-up report (P5), as a rank without the filter would: the group
+is then a mixed one, which the check must stop.
 """
 
 from __future__ import annotations
@@ -48,8 +52,28 @@ def _gate(self: Any, kind: str, timeout_s: float, started_path: str) -> bool:
     return False
 
 
+UNREPORTED_ENV = "LOOPBRIDGE_TEST_UNREPORTED_RANK"
+
+
+def _skip_report_on(rank: int) -> None:
+    from loopbridge_vllm.dp import _patch
+
+    check = _patch.check_group
+
+    def check_group(engine: Any, timeout_s: float | None = None) -> None:
+        if int(engine.dp_rank) != rank:
+            check(engine, timeout_s)
+
+    # The filter's busy-loop wrapper looks the function up when it runs.
+    _patch.check_group = check_group  # type: ignore[assignment]
+
+
 def load() -> None:
+    import os
+
     from vllm.v1.engine.core import DPEngineCoreProc
 
     DPEngineCoreProc.loopbridge_probe = _probe  # type: ignore[attr-defined]
     DPEngineCoreProc.loopbridge_gate = _gate  # type: ignore[attr-defined]
+    if os.environ.get(UNREPORTED_ENV):
+        _skip_report_on(int(os.environ[UNREPORTED_ENV]))

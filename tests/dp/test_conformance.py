@@ -169,6 +169,9 @@ class RealRank:
         e.async_scheduling = False
         e.enable_fault_tolerance = False
         e.reject_new_requests = False  # 0.33: admission during abort/wait pauses
+        # The filter's start-up check (P5) needs the group's store; it has its
+        # own tests (test_plugin.py), and these ranks run the loop step by step.
+        e._loopbridge_group_checked = True
         e.vllm_config = SimpleNamespace(
             observability_config=SimpleNamespace(enable_logging_iteration_details=False),
             parallel_config=_parallel_config(),
@@ -575,6 +578,6 @@ def test_filter_installs_into_the_real_class() -> None:
 def test_filter_is_a_noop_on_other_versions() -> None:
     with mock.patch("vllm.__version__", "0.34.0"):
         ok, why = _patch.installed_version_supported()
-        assert not ok and "vLLM 0.34.0 is not supported (checked: 0.32.x, 0.33.x)" in why
+        assert not ok and "vLLM 0.34.0 is not supported (checked: 0.32.0, 0.33.0)" in why
         assert _patch.install_filter() is False
     assert not _patch.is_installed()

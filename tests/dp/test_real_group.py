@@ -1,6 +1,6 @@
 """The pause-aware filter on a real vLLM DP=2 group, installed by its plugin.
 
-Three groups run side by side, each driven by ``dp_group_driver.py`` in its
+Four groups (three on 0.33) run side by side, each driven by ``dp_group_driver.py`` in its
 own process session (two ``DPEngineCoreProc`` engine cores, the DP
 coordinator and a gloo DP group behind a real ``AsyncLLM``, on the stand-in
 executor, with a 2-expert Mixtral config so that vLLM uses its MoE DP path):
@@ -12,6 +12,8 @@ executor, with a 2-expert Mixtral config so that vLLM uses its MoE DP path):
 * ``filtered``: ``LOOPBRIDGE_DP_FILTER=1``, so the package's
   ``vllm.general_plugins`` entry point installs the filter in both engine
   cores; the same two races, then refit cycles under load.
+* ``mixed``: filtered, but rank 1 skips the filter's start-up report (as a
+  rank without the filter would): the P5 check must stop the group.
 
 Races are forced with a test-only plugin (``dp_probe_plugin``) that lets the
 driver hold one rank's busy loop until a given message is queued there.
@@ -38,16 +40,20 @@ from typing import Any
 
 import pytest
 from dp_group_driver import CYCLES, HANG_S, STEP_S, mixtral_model
+from dp_probe_plugin import UNREPORTED_ENV
 from entry_points import expose
 from test_conformance import PLAIN
 
 from loopbridge_vllm.cpu_engine import build_tiny_model
+from loopbridge_vllm.dp._patch import CHECK_ENV
 from loopbridge_vllm.dp._plugin import ENV
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 START_S = float(os.environ.get("LOOPBRIDGE_DP_START_S", "480"))
 NO_PROGRESS_S = STEP_S + HANG_S + 30
+#: How long the mixed group's filtered rank waits for its peer's report.
+MIXED_CHECK_S = 20.0
 
 # The module's own bounds (START_S, NO_PROGRESS_S) end a stuck run first; this
 # outer one only has to be larger than their sum.
@@ -128,6 +134,9 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Group
     model = mixtral_model(build_tiny_model(REPO / ".cache" / "tiny-model"), tmp / "mixtral")
     plan = {
         "filtered": (True, ["finding1", "dup_resume", "refit"]),
+        # Rank 1 skips the filter's start-up report, as a rank without the
+        # filter would (P5): the group must stop instead of serving.
+        "mixed": (True, ["serve"]),
         # On 0.32 both races wedge stock vLLM, so each needs its own group; on
         # 0.33 finding 1 cannot be forced and the request finishes, so one
         # group runs it before the duplicate resume.
@@ -144,13 +153,18 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Group
     try:
         for name, (filtered, scenarios) in plan.items():
             env = dict(os.environ)
+            # This checkout's code first, whatever the environment's install
+            # holds (absolute: the drivers run in a temporary directory).
             env["PYTHONPATH"] = os.pathsep.join(
-                [str(plugins), str(HERE)]
-                + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+                [str(plugins), str(HERE), str(REPO / "src")]
+                + [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
             )
             env.pop(ENV, None)
             if filtered:
                 env[ENV] = "1"
+            if name == "mixed":
+                env[UNREPORTED_ENV] = "1"
+                env[CHECK_ENV] = str(MIXED_CHECK_S)
             events, log = tmp / f"{name}.jsonl", tmp / f"{name}.log"
             with log.open("wb") as out:
                 proc = subprocess.Popen(
@@ -195,8 +209,21 @@ def test_plugin_installs_the_filter_in_every_engine_core(groups: dict[str, Group
         line = f"loopbridge_dp_filter: installed (pid {pid}) for vLLM {vllm.__version__}"
         assert log.count(line) == 1, (pid, log[-3000:])
     for name in groups:
-        if name != "filtered":
+        if name not in ("filtered", "mixed"):
             assert "loopbridge_dp_filter: installed" not in groups[name].log()
+
+
+def test_a_rank_without_the_filter_stops_the_group(groups: dict[str, GroupRun]) -> None:
+    """P5: rank 1 does not report the filter; rank 0 stops at start-up, vLLM
+    reports its engine core dead, and no request is served."""
+    mixed = groups["mixed"]
+    res = _result(mixed, "serve")
+    assert not res["finished"] and res["error"] == "EngineDeadError", res
+    log = mixed.log()
+    assert "DP rank 0 has the filter, but rank(s) 1 of 2 did not report it" in log, log[-3000:]
+    assert "DP rank 1 has the filter" not in log  # rank 1 never checked
+    # The healthy filtered group passed the same check on both ranks.
+    assert "did not report it" not in groups["filtered"].log()
 
 
 def test_finding1_hangs_without_the_filter_and_finishes_with_it(

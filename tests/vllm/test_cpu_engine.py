@@ -66,3 +66,37 @@ def test_step_time_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
         worker.standin_set_step_s(-1)
     with pytest.raises(ValueError):
         worker.standin_set_token_base(10_000)
+
+
+def test_the_standin_worker_sleeps_like_a_real_one() -> None:
+    """Level 1 keeps the weights, level 2 drops them; a partial wake leaves
+    the rest asleep; a forward with tokens while asleep is refused."""
+    from loopbridge_vllm._standin import _StandInWorker
+
+    worker = _StandInWorker(types.SimpleNamespace())  # type: ignore[arg-type]
+    empty = types.SimpleNamespace(
+        total_num_scheduled_tokens=0,
+        finished_req_ids=set(),
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=types.SimpleNamespace(req_ids=[], num_computed_tokens=[]),
+        num_scheduled_tokens={},
+    )
+    busy = types.SimpleNamespace(total_num_scheduled_tokens=1)
+    worker.standin_set_token_base(40)
+    worker.sleep(level=1)
+    assert worker.standin_sleep_state() == (1, 0)
+    worker.execute_model(empty)  # type: ignore[arg-type]  # nothing scheduled: fine
+    with pytest.raises(RuntimeError, match="while asleep"):
+        worker.execute_model(busy)  # type: ignore[arg-type]
+    assert worker.standin_sleep_state() == (1, 1)
+    worker.wake_up(["weights"])
+    assert worker.standin_sleep_state()[0] == 1  # the KV cache still sleeps
+    worker.wake_up(["kv_cache"])
+    assert worker.standin_sleep_state()[0] is None
+    assert worker.standin_get_token_base() == 40  # level 1 kept the weights
+    worker.sleep(level=2)
+    worker.wake_up()
+    assert worker.standin_sleep_state()[0] is None
+    assert worker.standin_get_token_base() == 10  # level 2 discarded them
+    with pytest.raises(ValueError, match="sleep level"):
+        worker.sleep(level=3)

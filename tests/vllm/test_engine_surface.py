@@ -139,6 +139,118 @@ def test_marshalled_members_run_on_the_owner_loop(
     assert all(loop is owner.loop for _, loop in seen)
 
 
+#: The RL members an RL framework drives from its trainer, and the engine-core
+#: client calls each makes (``collective_rpc_async`` labelled by its method).
+RL_CALLS = [
+    ("get_weight_version", ["get_weight_version_async"]),
+    ("pause_generation", ["pause"]),
+    ("init_weight_transfer_engine", ["collective_rpc_async:init_weight_transfer_engine"]),
+    ("start_weight_update", ["collective_rpc_async:start_weight_update"]),
+    ("update_weights", ["collective_rpc_async:update_weights"]),
+    (
+        "finish_weight_update",
+        ["collective_rpc_async:finish_weight_update", "set_weight_version_async"],
+    ),
+    ("shutdown_weight_transfer_engine", ["collective_rpc_async:shutdown_weight_transfer_engine"]),
+    ("resume_generation", ["resume"]),
+    ("sleep", ["sleep_async"]),
+    ("wake_up", ["wake_up_async"]),
+]
+
+
+def test_rl_members_run_on_the_owner_loop(
+    shared_engine: tuple[LoopThread, Any], engine_proxy: Any
+) -> None:
+    """Every weight-transfer, pause and sleep member, called from another loop,
+    reaches the engine-core client on the owner loop (on each vLLM release)."""
+    from vllm.distributed.weight_transfer.base import (
+        WeightTransferInitRequest,
+        WeightTransferUpdateRequest,
+    )
+
+    owner, llm = shared_engine
+    core = llm.engine_core
+    seen: list[tuple[str, asyncio.AbstractEventLoop]] = []
+    # 0.33 pauses through pause_generation_async, 0.32 through pause_scheduler_async.
+    labels = {
+        "pause_generation_async": "pause",
+        "pause_scheduler_async": "pause",
+        "resume_scheduler_async": "resume",
+        "resume_generation_async": "resume",
+    }
+    spied = [
+        "collective_rpc_async",
+        "get_weight_version_async",
+        "set_weight_version_async",
+        "sleep_async",
+        "wake_up_async",
+        *(name for name in labels if hasattr(core, name)),
+    ]
+
+    def spy(name: str) -> None:
+        original = getattr(core, name)
+
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            label = labels.get(name, name)
+            if name == "collective_rpc_async":
+                label += f":{args[0]}"
+            seen.append((label, asyncio.get_running_loop()))
+            return await original(*args, **kwargs)
+
+        setattr(core, name, wrapper)  # instance attribute: what AsyncLLM calls
+
+    for name in spied:
+        spy(name)
+    done: list[str] = []
+    try:
+
+        async def main() -> tuple[asyncio.AbstractEventLoop, str, str, bool]:
+            p = engine_proxy
+            before = await p.get_weight_version()
+            done.append("get_weight_version")
+            await p.pause_generation(mode="keep")
+            done.append("pause_generation")
+            # The stand-in worker has no transfer backend: the worker's own
+            # error comes back, which proves the call got there.
+            with pytest.raises(Exception, match="init_weight_transfer_engine"):
+                await p.init_weight_transfer_engine(WeightTransferInitRequest(init_info={}))
+            done.append("init_weight_transfer_engine")
+            await p.start_weight_update()
+            done.append("start_weight_update")
+            with pytest.raises(Exception, match="update_weights"):
+                await p.update_weights(WeightTransferUpdateRequest(update_info={}))
+            done.append("update_weights")
+            await p.finish_weight_update(weight_version="surface-v2")
+            done.append("finish_weight_update")
+            await p.shutdown_weight_transfer_engine()
+            done.append("shutdown_weight_transfer_engine")
+            await p.resume_generation()
+            done.append("resume_generation")
+            await p.sleep(level=1)
+            done.append("sleep")
+            awake = await p.wake_up()
+            done.append("wake_up")
+            after = await p.get_weight_version()
+            await llm_version(before)
+            return asyncio.get_running_loop(), before, after, awake
+
+        async def llm_version(version: str) -> None:  # put the shared engine's back
+            await engine_proxy.update_weight_version(version)
+
+        caller, before, after, awake = asyncio.run(main())
+    finally:
+        for name in spied:
+            delattr(core, name)
+    assert caller is not owner.loop
+    assert done == [member for member, _ in RL_CALLS]
+    assert after == "surface-v2" and before != after and awake is True
+    expected = [label for _, calls in RL_CALLS for label in calls]
+    got = [label for label, _ in seen]
+    # Ignore the trailing get/set that restore the version; everything else in order.
+    assert got[: len(expected)] == expected, got
+    assert all(loop is owner.loop for _, loop in seen)
+
+
 def test_health_reads_do_not_wait_for_the_owner_loop(
     shared_engine: tuple[LoopThread, Any], engine_proxy: Any
 ) -> None:

@@ -17,24 +17,52 @@ The wrapper asks :func:`._filter.decide` about each message:
 An engine configured for elastic EP is left unfiltered (checked on its first
 message, with one error line): a scaled-up rank would set the consensus latch
 for good and held wave starts would pile up without bound.
+
+All or none (precondition P5): before its busy loop starts, each filtered rank
+writes a key into the DP group's own store (``dp_store``, the TCP store the
+ranks' gloo group was built on) and waits for every peer's key.  A rank that
+runs without the filter writes none, so the filtered ranks stop with an error
+naming it after :data:`CHECK_ENV` seconds (default 300), and vLLM reports the
+engine core dead: a mixed group does not start serving.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
 from ._filter import Decision, FilterView, MessageKind, decide
 
-#: vLLM versions whose ``DPEngineCoreProc`` the filter was checked against
-#: (model variant, per-rank conformance with and without the filter, and a
-#: real DP=2 group); any other version is refused.
-SUPPORTED_PREFIXES = ("0.32.", "0.33.")
+#: The exact vLLM releases whose ``DPEngineCoreProc`` the filter was checked
+#: against (model variant, per-rank conformance with and without the filter,
+#: and a real DP=2 group); any other version string is refused, release
+#: candidates, dev, post and local builds of these included.
+CHECKED_VERSIONS = ("0.32.0", "0.33.0")
+
+#: Explicit override: set to the installed vLLM version string (exactly) to
+#: install the filter on a build it was not checked against.  The structural
+#: check still applies, and the plugin's line says the override was used.
+UNCHECKED_ENV = "LOOPBRIDGE_DP_FILTER_UNCHECKED_VLLM"
+
+#: What vLLM 0.32 users must know even with the filter installed.
+FINDING_3 = (
+    "on vLLM 0.32 a DP group can still wedge without any pause (finding 3: two "
+    "requests to different ranks while the front end's stats task runs late, "
+    "e.g. on a busy event loop), which no filter can fix; vLLM 0.33 is clean "
+    "there, use it"
+)
+
+#: Seconds a filtered rank waits at start-up for every peer to report the filter.
+CHECK_ENV = "LOOPBRIDGE_DP_FILTER_CHECK_S"
+DEFAULT_CHECK_S = 300.0
+_STORE_KEY = "loopbridge_dp_filter/rank/{}"
 
 _ORIGINAL_ATTR = "_loopbridge_original_handle_client_request"
 _HELD_ATTR = "_loopbridge_held"
 _ACTIVE_ATTR = "_loopbridge_filter_active"
+_CHECKED_ATTR = "_loopbridge_group_checked"
 
 Handler = Callable[[Any, Any, Any], None]
 
@@ -101,6 +129,9 @@ def _make_wrapper(original: Handler) -> Handler:
 def _applies_to(engine: Any) -> bool:
     parallel = getattr(getattr(engine, "vllm_config", None), "parallel_config", None)
     if getattr(parallel, "enable_elastic_ep", False):
+        if engine.__dict__.get("_loopbridge_elastic_logged"):
+            return False
+        engine.__dict__["_loopbridge_elastic_logged"] = True
         logging.getLogger("vllm.plugins.loopbridge_dp_filter").error(
             "loopbridge_dp_filter: NOT active on DP rank %s: elastic EP is enabled and "
             "the filter assumes a fixed DP group",
@@ -108,6 +139,60 @@ def _applies_to(engine: Any) -> bool:
         )
         return False
     return True
+
+
+class FilterMismatchError(RuntimeError):
+    """Some ranks of a DP group run without the filter (precondition P5)."""
+
+
+def _check_seconds() -> float:
+    raw = os.environ.get(CHECK_ENV, "")
+    try:
+        seconds = float(raw) if raw else DEFAULT_CHECK_S
+    except ValueError:
+        raise ValueError(f"{CHECK_ENV} must be a number of seconds, got {raw!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"{CHECK_ENV} must be positive, got {raw!r}")
+    return seconds
+
+
+def check_group(engine: Any, timeout_s: float | None = None) -> None:
+    """Report this rank's filter in the DP store and wait for every peer's.
+
+    Raises :class:`FilterMismatchError` naming the ranks that did not report
+    within ``timeout_s`` (default: :data:`CHECK_ENV`, else 300 s).
+    """
+    from datetime import timedelta
+
+    timeout = _check_seconds() if timeout_s is None else timeout_s
+    store, rank, size = engine.dp_store, int(engine.dp_rank), int(engine.dp_size)
+    store.set(_STORE_KEY.format(rank), "1")
+    keys = [_STORE_KEY.format(r) for r in range(size)]
+    try:
+        store.wait(keys, timedelta(seconds=timeout))
+    except Exception:  # torch raises DistStoreError or RuntimeError on a timeout
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        if not missing:
+            return
+        raise FilterMismatchError(
+            f"loopbridge_dp_filter: DP rank {rank} has the filter, but rank(s) "
+            f"{', '.join(map(str, missing))} of {size} did not report it within "
+            f"{timeout:g} s: every engine core of the group must run with "
+            "LOOPBRIDGE_DP_FILTER=1 (precondition P5); stopping this engine core"
+        ) from None
+
+
+def _make_busy_loop(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    def run_busy_loop(self: Any) -> None:
+        # Once per engine: vLLM calls this once; a test harness may step it.
+        if not self.__dict__.get(_CHECKED_ATTR) and _applies_to(self):
+            check_group(self)
+        self.__dict__[_CHECKED_ATTR] = True
+        original(self)
+
+    run_busy_loop.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(run_busy_loop, _ORIGINAL_ATTR, original)
+    return run_busy_loop
 
 
 def _release(engine: Any, original: Handler, held: list[tuple[Any, Any]]) -> None:
@@ -127,22 +212,36 @@ def _release(engine: Any, original: Handler, held: list[tuple[Any, Any]]) -> Non
 
 
 def installed_version_supported() -> tuple[bool, str]:
-    """Whether the installed vLLM is one the filter applies to, and why."""
+    """Whether the installed vLLM is one the filter applies to, and why.
+
+    The reason names the version; on 0.32 it carries the finding-3 warning,
+    and with :data:`UNCHECKED_ENV` it says the override was used.
+    """
     import vllm
 
     version = str(vllm.__version__)
-    if not version.startswith(SUPPORTED_PREFIXES):
-        checked = ", ".join(p + "x" for p in SUPPORTED_PREFIXES)
-        return False, (
-            f"vLLM {version} is not supported (checked: {checked}): the filter's rules "
-            "were checked only against those releases' DP engine-core protocol"
-        )
+    override = os.environ.get(UNCHECKED_ENV, "")
+    why = f"vLLM {version}"
+    if version not in CHECKED_VERSIONS:
+        checked = ", ".join(CHECKED_VERSIONS)
+        if override != version:
+            hint = f"set {UNCHECKED_ENV}={version} to install it anyway"
+            if override:
+                hint = f"{UNCHECKED_ENV}={override} does not name it; " + hint
+            return False, (
+                f"vLLM {version} is not supported (checked: {checked}): the filter's "
+                "rules were checked only against those releases' DP engine-core "
+                f"protocol ({hint})"
+            )
+        why += f", NOT checked (checked: {checked}), installed because {UNCHECKED_ENV}={override}"
     from vllm.v1.engine.core import DPEngineCoreProc
 
     for attr in ("_pause_complete", "resume_scheduler", "_has_global_unfinished_reqs"):
         if attr not in vars(DPEngineCoreProc):
             return False, f"DPEngineCoreProc.{attr} missing: not the two-phase pause"
-    return True, f"vLLM {version}"
+    if version.startswith("0.32."):
+        why += f"; WARNING: {FINDING_3}"
+    return True, why
 
 
 def install_filter() -> bool:
@@ -161,6 +260,8 @@ def install_filter() -> bool:
         return True
     # setattr: replacing a method on the class is the point of the patch.
     setattr(DPEngineCoreProc, "_handle_client_request", _make_wrapper(current))  # noqa: B010
+    loop = vars(DPEngineCoreProc)["run_busy_loop"]
+    setattr(DPEngineCoreProc, "run_busy_loop", _make_busy_loop(loop))  # noqa: B010
     return True
 
 
@@ -168,10 +269,10 @@ def uninstall_filter() -> None:
     """Restore the original handler (held messages on live engines are kept)."""
     from vllm.v1.engine.core import DPEngineCoreProc
 
-    current = vars(DPEngineCoreProc)["_handle_client_request"]
-    original = getattr(current, _ORIGINAL_ATTR, None)
-    if original is not None:
-        setattr(DPEngineCoreProc, "_handle_client_request", original)  # noqa: B010
+    for name in ("_handle_client_request", "run_busy_loop"):
+        original = getattr(vars(DPEngineCoreProc)[name], _ORIGINAL_ATTR, None)
+        if original is not None:
+            setattr(DPEngineCoreProc, name, original)
 
 
 def is_installed() -> bool:

@@ -10,9 +10,19 @@ every engine-core process without a code change.
 When opted in it logs exactly one line per process (through vLLM's own
 logger, so it shows wherever vLLM's lines show):
 
-* ``installed`` with the vLLM version, or
-* ``NOT installed`` with the reason: a vLLM whose DP protocol the filter was
-  not checked against, or an elastic-EP scale-up launch.
+* ``installed`` with the vLLM version (a warning on vLLM 0.32, which can
+  wedge without any pause, finding 3 of ``docs/dp-protocol.md``, and when
+  ``LOOPBRIDGE_DP_FILTER_UNCHECKED_VLLM`` overrides the version check), or
+* ``NOT installed`` with the reason: a vLLM release whose DP protocol the
+  filter was not checked against (only 0.32.0 and 0.33.0 are), or an
+  elastic-EP scale-up launch.
+
+vLLM's Ray DP backend starts the engine cores as Ray actors and gives them
+only the variables ``vllm.ray.ray_env.get_env_vars_to_copy`` names
+(``VLLM_*``, ``NCCL_*``, ``HF_*``, ... and ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY``).
+When opted in, the plugin therefore adds its own variables to
+``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` in the front-end process, which loads
+plugins before it starts the engines, so the actors see the opt-in too.
 
 Elastic EP is refused because a scaled-up worker joins with a fresh rank
 state: the consensus latch it sets would stay set for good and held wave
@@ -30,6 +40,8 @@ import sys
 
 #: The opt-in switch; "1" installs, anything else (or unset) leaves vLLM alone.
 ENV = "LOOPBRIDGE_DP_FILTER"
+#: vLLM's list of extra variables its Ray backends copy to the actors.
+RAY_COPY_ENV = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
 #: Entry-point name in ``vllm.general_plugins`` (``VLLM_PLUGINS`` filters on it).
 PLUGIN_NAME = "loopbridge_dp_filter"
 
@@ -50,11 +62,26 @@ def _say(level: int, text: str) -> None:
         print(f"{logging.getLevelName(level)} {log.name}: {text}", file=sys.stderr, flush=True)
 
 
+def propagate_to_ray_actors() -> None:
+    """Name this plugin's variables in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY``.
+
+    Additive and idempotent: the names already listed are kept, in order.
+    """
+    from . import _patch
+
+    names = [n.strip() for n in os.environ.get(RAY_COPY_ENV, "").split(",") if n.strip()]
+    wanted = [ENV] + ([_patch.UNCHECKED_ENV] if _patch.UNCHECKED_ENV in os.environ else [])
+    missing = [n for n in wanted if n not in names]
+    if missing:
+        os.environ[RAY_COPY_ENV] = ",".join(names + missing)
+
+
 def load() -> None:
     """Entry point: install the filter when ``LOOPBRIDGE_DP_FILTER=1``."""
     if os.environ.get(ENV, "") != "1":
         _logger().debug("%s: not installed (%s is not 1)", PLUGIN_NAME, ENV)
         return
+    propagate_to_ray_actors()
     from . import _patch
 
     ok, why = _patch.installed_version_supported()
@@ -64,4 +91,9 @@ def load() -> None:
         _say(logging.WARNING, f"{PLUGIN_NAME}: NOT installed (pid {os.getpid()}): {why}")
         return
     _patch.install_filter()
-    _say(logging.INFO, f"{PLUGIN_NAME}: installed (pid {os.getpid()}) for {why}")
+    import vllm
+
+    version = str(vllm.__version__)
+    clean = version in _patch.CHECKED_VERSIONS and not version.startswith("0.32.")
+    level = logging.INFO if clean else logging.WARNING
+    _say(level, f"{PLUGIN_NAME}: installed (pid {os.getpid()}) for {why}")
