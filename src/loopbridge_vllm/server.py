@@ -125,15 +125,90 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _adopt_listener(sock: socket.socket) -> socket.socket:
-    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        raise ValueError(f"sock must be a listening TCP socket, not {sock!r}")
-    # The caller's socket may have been made with protocol 0, for which asyncio
-    # leaves Nagle on (see _bind). Linux copies TCP_NODELAY from the listener
-    # to the connections it accepts.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def _bind_unix(path: str) -> socket.socket:
+    """A listening Unix socket at ``path`` (``--uds``), as vLLM's launcher binds it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
     sock.setblocking(False)
     return sock
+
+
+def _adopt_listener(sock: socket.socket) -> socket.socket:
+    families = (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX)
+    if sock.type != socket.SOCK_STREAM or sock.family not in families:
+        raise ValueError(f"sock must be a listening TCP or Unix socket, not {sock!r}")
+    if sock.family != socket.AF_UNIX:
+        # The caller's socket may have been made with protocol 0, for which
+        # asyncio leaves Nagle on (see _bind). Linux copies TCP_NODELAY from
+        # the listener to the connections it accepts.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    return sock
+
+
+def _uses_tls(args: argparse.Namespace) -> bool:
+    # vLLM's launcher announces https exactly when both files are given.
+    return bool(getattr(args, "ssl_keyfile", None) and getattr(args, "ssl_certfile", None))
+
+
+def import_parser_plugins(args: argparse.Namespace) -> None:
+    """Import ``--tool-parser-plugin`` and ``--reasoning-parser-plugin``, as vLLM's launcher does.
+
+    Both register parsers by name, so they must run before the names are
+    checked and before the app is built. Importing twice is harmless (vLLM's
+    own launcher does).
+    """
+    # vLLM's own test: anything shorter than "a.py" is no plugin.
+    if len(getattr(args, "tool_parser_plugin", "") or "") > 3:
+        from vllm.tool_parsers import ToolParserManager
+
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    if len(getattr(args, "reasoning_parser_plugin", "") or "") > 3:
+        from vllm.reasoning import ReasoningParserManager
+
+        ReasoningParserManager.import_reasoning_parser(args.reasoning_parser_plugin)
+
+
+def _uvicorn_config(app: Any, args: argparse.Namespace, log_level: str, grace: float) -> Any:
+    """uvicorn's config for ``args``, as vLLM's ``build_and_serve``/``serve_http`` make it.
+
+    TLS, access log, log config, keep-alive timeout and h11 limits all come
+    from the ``vllm serve`` namespace; only the log level and the drain are
+    the caller's (``log_level``, ``grace``).
+    """
+    import uvicorn
+    from vllm import envs
+
+    from loopbridge_vllm._vllm_releases.moved_imports import uvicorn_log_config
+
+    options: dict[str, Any] = {}
+    log_config = uvicorn_log_config()(args)
+    if log_config is not None:
+        options["log_config"] = log_config
+    config: Any = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=not args.disable_uvicorn_access_log,
+        timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+        timeout_graceful_shutdown=max(1, round(grace)),
+        lifespan="on",
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=args.ssl_cert_reqs,
+        ssl_ciphers=args.ssl_ciphers,
+        h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+        **options,
+    )
+    # vLLM sets this too; the uvicorn releases it supports do not read it yet.
+    config.h11_max_header_count = args.h11_max_header_count
+    config.load()  # builds the SSL context the certificate refresher reloads
+    return config
 
 
 def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop]:
@@ -200,11 +275,17 @@ class OpenAIServer:
         self._max_body_bytes = max_body_bytes
         self._sock = _bind(host, port) if sock is None else _adopt_listener(sock)
         bound = self._sock.getsockname()
-        host = host if sock is None else str(bound[0])
-        self.host: str = host
-        self.port: int = int(bound[1])
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self.port}"
+        if self._sock.family == socket.AF_UNIX:
+            self.host: str = str(bound)
+            self.port: int = 0
+            self.url = f"unix:{bound}"  # as vLLM's launcher announces it
+        else:
+            host = host if sock is None else str(bound[0])
+            self.host = host
+            self.port = int(bound[1])
+            shown = f"[{host}]" if ":" in host else host
+            scheme = "https" if _uses_tls(self.args) else "http"
+            self.url = f"{scheme}://{shown}:{self.port}"
         self.loop: asyncio.AbstractEventLoop | None = None
         self.exit_reason: ExitReason | None = None
         self._server: Any = None
@@ -356,8 +437,6 @@ class OpenAIServer:
             asyncio.get_running_loop().stop()
 
     async def _main(self) -> None:
-        import uvicorn
-
         client = self.client
         # The engine must answer before anything is served.
         supported = tuple(await client.get_supported_tasks())
@@ -371,13 +450,7 @@ class OpenAIServer:
         served: Any = app
         if self._max_body_bytes is not None:
             served = BodyLimit(app, self._max_body_bytes)
-        config = uvicorn.Config(
-            served,
-            log_level=self._log_level,
-            access_log=False,
-            timeout_graceful_shutdown=max(1, round(self.grace)),
-            lifespan="on",
-        )
+        config = _uvicorn_config(served, self.args, self._log_level, self.grace)
         server = _server_class()(config)
         server.on_started = self._ready.set
         app.state.server = server
@@ -385,11 +458,23 @@ class OpenAIServer:
             if self._stopped:
                 return
             self._server = server
+        refresher = None
+        if self.args.enable_ssl_refresh and config.ssl is not None:
+            from vllm.entrypoints.launchers.utils.ssl import SSLCertRefresher
+
+            refresher = SSLCertRefresher(
+                ssl_context=config.ssl,
+                key_path=config.ssl_keyfile,
+                cert_path=config.ssl_certfile,
+                ca_path=config.ssl_ca_certs,
+            )
         serving = asyncio.create_task(server.serve(sockets=[self._sock]))
         watchdog = asyncio.create_task(self._watchdog(server))
         try:
             await serving
         finally:
+            if refresher is not None:
+                refresher.stop()
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
