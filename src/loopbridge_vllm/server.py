@@ -44,13 +44,17 @@ from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from ._exporter import export_metrics
 
 if TYPE_CHECKING:
+    from fastapi import APIRouter
+    from starlette.middleware import Middleware
     from vllm.engine.protocol import EngineClient
 
 __all__ = [
     "ExitReason",
     "OpenAIServer",
+    "ServeArgsMismatch",
     "ServerStartError",
     "astart_openai_server",
+    "check_serve_args",
     "serve_args",
     "start_openai_server",
 ]
@@ -90,20 +94,89 @@ def _make_parser() -> argparse.ArgumentParser:
     return make_arg_parser()
 
 
-def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Namespace:
-    """A complete ``vllm serve`` namespace for ``client``'s model.
+class ServeArgsMismatch(ValueError):
+    """The ``vllm serve`` namespace says something else than the engine it serves."""
 
-    The serving layer reads dozens of these options; the model path and served
-    names come from the engine's own config, ``extra`` adds ``vllm serve``
-    command-line options (``["--enable-log-requests"]``, ...).
+
+def _engine_settings(client: EngineClient) -> dict[str, Any]:
+    """What ``init_app_state``/``build_app`` read from the namespace that the engine fixed.
+
+    ``dest`` -> the engine's value, in the namespace's form.
     """
-    model_config = client.model_config
-    argv = ["--model", str(model_config.model)]
-    names = model_config.served_model_name
-    if names:
-        argv += ["--served-model-name", *([names] if isinstance(names, str) else names)]
+    config = client.vllm_config
+    names = config.model_config.served_model_name
+    structured = config.structured_outputs_config
+    return {
+        "model": str(config.model_config.model),
+        "served_model_name": [names] if isinstance(names, str) else list(names or []),
+        "enable_log_requests": bool(client.log_requests),
+        "disable_log_stats": not client.log_stats,
+        "reasoning_parser": structured.reasoning_parser or "",
+        "enable_fault_tolerance": bool(config.parallel_config.enable_fault_tolerance),
+    }
+
+
+def _namespace_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`_engine_settings`'s fields as ``args`` gives them."""
+    names = args.served_model_name
+    return {
+        "model": str(args.model),
+        "served_model_name": list(names) if names else [str(args.model)],
+        "enable_log_requests": bool(args.enable_log_requests),
+        "disable_log_stats": bool(args.disable_log_stats),
+        # The app reads the structured-outputs config; --reasoning-parser lands
+        # there only when an engine is built from this namespace.
+        "reasoning_parser": args.structured_outputs_config.reasoning_parser
+        or getattr(args, "reasoning_parser", "")
+        or "",
+        "enable_fault_tolerance": bool(getattr(args, "enable_fault_tolerance", False)),
+    }
+
+
+def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Namespace:
+    """A complete ``vllm serve`` namespace for ``client``'s engine.
+
+    Every field the serving layer reads that the engine already fixed comes
+    from the engine's own config: the model and served names, request and
+    stats logging, the reasoning parser, fault tolerance. ``extra`` adds
+    ``vllm serve`` command-line options (``["--enable-auto-tool-choice", ...]``);
+    one that contradicts the engine makes :func:`start_openai_server` raise
+    :class:`ServeArgsMismatch`. The access log is off unless ``extra`` turns it
+    on (``--enable-uvicorn-access-log`` on vLLM 0.33, ``--no-disable-uvicorn-access-log``
+    on 0.32).
+    """
+    engine = _engine_settings(client)
+    argv = ["--model", engine["model"], "--served-model-name", *engine["served_model_name"]]
+    if engine["enable_log_requests"]:
+        argv.append("--enable-log-requests")
+    if engine["disable_log_stats"]:
+        argv.append("--disable-log-stats")
+    if engine["enable_fault_tolerance"]:
+        argv.append("--enable-fault-tolerance")
+    if engine["reasoning_parser"]:
+        argv += ["--reasoning-parser", engine["reasoning_parser"]]
     argv.append("--disable-uvicorn-access-log")
-    return _make_parser().parse_args([*argv, *extra])
+    args = _make_parser().parse_args([*argv, *extra])
+    if not any(a in ("--reasoning-parser", "--structured-outputs-config") for a in extra):
+        # The engine's own structured-outputs config, reasoning parser included.
+        args.structured_outputs_config = client.vllm_config.structured_outputs_config
+    return args
+
+
+def check_serve_args(client: EngineClient, args: argparse.Namespace) -> None:
+    """Raise :class:`ServeArgsMismatch` if ``args`` contradicts ``client``'s engine."""
+    engine, ours = _engine_settings(client), _namespace_settings(args)
+    wrong = [
+        f"{dest} (namespace: {ours[dest]!r}, engine: {engine[dest]!r})"
+        for dest in engine
+        if ours[dest] != engine[dest]
+    ]
+    if wrong:
+        raise ServeArgsMismatch(
+            "the vllm serve namespace disagrees with the engine it serves: "
+            + "; ".join(wrong)
+            + ". Build it with serve_args(engine), or build the engine from it"
+        )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -262,8 +335,12 @@ class OpenAIServer:
         metrics: bool = True,
         max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
         sock: socket.socket | None = None,
+        routers: Sequence[APIRouter] = (),
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.client = client
+        self._routers = tuple(routers)
+        self._middleware = tuple(middleware)
         self.args = args if args is not None else serve_args(client)
         self.grace = grace
         self._engine = engine
@@ -444,12 +521,20 @@ class OpenAIServer:
             raise ServerStartError("engine is not healthy") from client.dead_error
         build_app, init_app_state = _launchers()
         app = build_app(self.args, supported, client.model_config)
+        # The caller's routes, on the same app: vLLM's come first (a path both
+        # define is vLLM's).
+        for router in self._routers:
+            app.include_router(router)
         await init_app_state(client, app.state, self.args, supported)
         if self._metrics:
             await self._export_metrics()
         served: Any = app
+        # The caller's middleware wraps the whole app (vLLM's app has built its
+        # middleware stack already), the first one outermost.
+        for layer in reversed(self._middleware):
+            served = layer.cls(served, *layer.args, **layer.kwargs)
         if self._max_body_bytes is not None:
-            served = BodyLimit(app, self._max_body_bytes)
+            served = BodyLimit(served, self._max_body_bytes)
         config = _uvicorn_config(served, self.args, self._log_level, self.grace)
         server = _server_class()(config)
         server.on_started = self._ready.set
@@ -577,6 +662,8 @@ def start_openai_server(
     metrics: bool = True,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     sock: socket.socket | None = None,
+    routers: Sequence[APIRouter] = (),
+    middleware: Sequence[Middleware] = (),
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -601,6 +688,12 @@ def start_openai_server(
 
     Request bodies over ``max_body_bytes`` (default 32 MiB) are answered 413
     without being kept; ``None`` accepts any size, as stock ``vllm serve`` does.
+
+    ``routers`` (FastAPI ``APIRouter``) are added to vLLM's app and
+    ``middleware`` (Starlette ``Middleware``, the first outermost) wraps it,
+    served on the same thread: a route reaches the engine as
+    ``request.app.state.engine_client``, the loop-safe proxy. A namespace (``args``, or ``serve_argv``) that contradicts
+    the engine's own config raises :class:`ServeArgsMismatch`.
     """
     settings = dict(locals())  # every parameter above, by name
     timeout = settings.pop("start_timeout")
@@ -622,6 +715,8 @@ async def astart_openai_server(
     metrics: bool = True,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     sock: socket.socket | None = None,
+    routers: Sequence[APIRouter] = (),
+    middleware: Sequence[Middleware] = (),
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.
@@ -659,6 +754,8 @@ def _prepare(
         raise ServerStartError("the engine's owner loop is closed")
     if args is None:
         args = serve_args(client, serve_argv)
+    check_serve_args(client, args)
+    import_parser_plugins(args)
     return OpenAIServer(
         client,
         args=args,
