@@ -109,8 +109,9 @@ def _engine_settings(client: EngineClient) -> dict[str, Any]:
     return {
         "model": str(config.model_config.model),
         "served_model_name": [names] if isinstance(names, str) else list(names or []),
-        "enable_log_requests": bool(client.log_requests),
-        "disable_log_stats": not client.log_stats,
+        # AsyncLLM's own switches (not part of the EngineClient protocol).
+        "enable_log_requests": bool(getattr(client, "log_requests", False)),
+        "disable_log_stats": not getattr(client, "log_stats", True),
         "reasoning_parser": structured.reasoning_parser or "",
         "enable_fault_tolerance": bool(config.parallel_config.enable_fault_tolerance),
     }
