@@ -139,3 +139,40 @@ def test_refused_command_line_exits_2_with_one_line(
 def _library_noise(line: str) -> bool:
     # torch prints deprecation notes on import, before our code runs.
     return line.startswith("W") and "torch" in line
+
+
+def test_unix_socket_and_log_level_after_dashes(tiny_model: Path, tmp_path: Path) -> None:
+    from vllm_engines import ServeProcess
+
+    path = tmp_path / "serve.sock"
+    server = ServeProcess(
+        [
+            sys.executable,
+            "-m",
+            "loopbridge_vllm",
+            "serve",
+            str(tiny_model),
+            "--cpu-standin",
+            "--grace",
+            "1",
+            "--",
+            "--uds",
+            str(path),
+            "--served-model-name",
+            "tiny",
+            "--uvicorn-log-level",
+            "warning",
+        ]
+    )
+    try:
+        assert server.wait_for(r"serving on (\S+)", 300).group(1) == f"unix:{path}"
+        transport = httpx.HTTPTransport(uds=str(path))
+        with httpx.Client(transport=transport, base_url="http://serve", timeout=30) as client:
+            assert client.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0
+    out = "".join(server.lines)
+    # uvicorn at warning: neither its start-up lines nor the access log (both info).
+    assert "Application startup complete" not in out and "GET /v1/models" not in out
+    assert not path.exists()  # the socket file is removed on exit
