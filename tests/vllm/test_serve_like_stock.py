@@ -26,7 +26,10 @@ from loopbridge_vllm.cpu_engine import STANDIN_BACKEND
 START_TIMEOUT = 300
 
 # The same vLLM options for both; each server gets its own port.
+KEY = "lb-test-key"
 ENGINE = ["--served-model-name", "tiny", "--max-model-len", "200", "--max-num-seqs", "4"]
+FRONTEND = ["--api-key", KEY, "--root-path", "/behind-proxy"]
+AUTH = {"Authorization": f"Bearer {KEY}"}
 STANDIN = ["--distributed-executor-backend", STANDIN_BACKEND, "--dtype", "float32"]
 
 
@@ -68,6 +71,7 @@ def servers(
             "--port",
             str(port),
             *ENGINE,
+            *FRONTEND,
             *tls_options,
         ]
     )
@@ -84,6 +88,7 @@ def servers(
             "--port",
             str(stock_port),
             *ENGINE,
+            *FRONTEND,
             *STANDIN,
             "--enforce-eager",
             *tls_options,
@@ -135,14 +140,14 @@ def test_tls_with_the_openai_client_on_both(
     ca, _ = tls
     for server in servers[:2]:
         with httpx.Client(verify=_trusting(ca), timeout=60) as http:
-            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", http_client=http)
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, http_client=http)
             assert [m.id for m in client.models.list()] == ["tiny"], server.name
             done = client.completions.create(
                 model="tiny", prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True}
             )
             assert done.usage is not None and done.usage.completion_tokens == 3, server.name
             # The engine got the engine-only options: the context length is ours.
-            listed = http.get(server.url + "/v1/models").json()["data"][0]
+            listed = http.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]
             assert listed["max_model_len"] == 200, server.name
 
 
@@ -168,10 +173,24 @@ def test_access_log_is_on_by_default(
     for server in servers[:2]:
         start = len(server.process.lines)
         path = f"/v1/models?lb-probe={server.name}"
-        assert httpx.get(server.url + path, verify=_trusting(ca), timeout=30).status_code == 200
+        reply = httpx.get(server.url + path, headers=AUTH, verify=_trusting(ca), timeout=30)
+        assert reply.status_code == 200
         # uvicorn writes the line before the response goes out.
         line = server.process.wait_for(r'"GET /v1/models\?lb-probe=\w+ HTTP/1.1" 200', 30, start)
         assert server.name in line.group(0)
+
+
+def test_api_key_and_root_path_apply_on_both(
+    servers: tuple[Server, Server, int], tls: tuple[trustme.CA, list[str]]
+) -> None:
+    ca, _ = tls
+    for server in servers[:2]:
+        with httpx.Client(base_url=server.url, verify=_trusting(ca), timeout=30) as http:
+            assert http.get("/v1/models").status_code == 401, server.name
+            assert http.get("/v1/models", headers=AUTH).status_code == 200, server.name
+            # FastAPI serves its schema under the root path it was given.
+            docs = http.get("/docs").text
+            assert "/behind-proxy/openapi.json" in docs, server.name
 
 
 def _outcome(url: str, headers: dict[str, str], context: ssl.SSLContext) -> str:
