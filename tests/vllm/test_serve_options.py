@@ -7,7 +7,9 @@ fails here until the option has a rule (``loopbridge_vllm._serve_options``).
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +133,47 @@ def test_engine_options_reach_the_engine_arguments(tiny_model: Path) -> None:
     assert (engine_args.max_num_seqs, engine_args.max_model_len, engine_args.seed) == (7, 123, 11)
     assert engine_args.enable_prefix_caching is True
     assert engine_args.shutdown_timeout == 4 and engine_args.enable_log_requests is True
+
+
+def _plan_of(before: list[str], after: list[str]) -> Any:
+    from loopbridge_vllm.__main__ import _plan, _serve_parser
+
+    return _plan(_serve_parser().parse_args(["m", *before]), after)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "where"),
+    [
+        ([], [], ("127.0.0.1", 8000, 5.0)),  # loopbridge's defaults
+        (["--host", "::1", "--port", "0", "--grace", "2"], [], ("::1", 0, 2.0)),
+        ([], ["--host", "0.0.0.0", "--port", "9001"], ("0.0.0.0", 9001, 5.0)),
+        ([], ["--port", "8000"], ("127.0.0.1", 8000, 5.0)),  # stock's default, given
+        ([], ["--shutdown-timeout", "3"], ("127.0.0.1", 8000, 3.0)),  # the drain
+        ([], ["--shutdown-timeout", "0"], ("127.0.0.1", 8000, 0.0)),  # no drain
+    ],
+)
+def test_where_to_listen_and_the_drain_have_one_source(
+    before: list[str], after: list[str], where: tuple[str, int, float]
+) -> None:
+    plan = _plan_of(before, after)
+    assert (plan.host, plan.port, plan.grace) == where
+    assert (plan.ns.host, plan.ns.port) == where[:2]  # the app sees the truth
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "message"),
+    [
+        (["--host", "::1"], ["--host", "::1"], "--host is given before and after '--'"),
+        (["--port", "1"], ["--port", "2"], "--port is given before and after '--'"),
+        (["--port", "1"], ["--uds", "/nonexistent/s.sock"], "--uds listens on a Unix socket"),
+        (["--grace", "1"], ["--shutdown-timeout", "1"], "--grace and --shutdown-timeout"),
+        ([], ["other-model"], "the model is given twice"),
+    ],
+)
+def test_a_setting_given_twice_is_an_error(
+    before: list[str], after: list[str], message: str
+) -> None:
+    from loopbridge_vllm.__main__ import _UsageError
+
+    with pytest.raises(_UsageError, match=re.escape(message)):
+        _plan_of(before, after)
