@@ -114,11 +114,12 @@ def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
         for flag, dest in (("--host", "host"), ("--port", "port"))
         if getattr(opts, dest) is not None and dest in given
     ]
-    if "model_tag" in given:
-        problems.append(
-            f"the model is given twice ({opts.model!r} and {ns.model_tag!r} after '--'); "
-            "give it once, as MODEL"
-        )
+    for dest in ("model_tag", "model"):
+        if dest in given:
+            problems.append(
+                f"the model is given twice ({opts.model!r} and {getattr(ns, dest)!r} after "
+                "'--'); give it once, as MODEL"
+            )
     if "uds" in given and (opts.host is not None or opts.port is not None):
         problems.append("--uds listens on a Unix socket: drop --host and --port")
     if opts.grace is not None and "shutdown_timeout" in given:

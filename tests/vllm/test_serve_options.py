@@ -168,6 +168,7 @@ def test_where_to_listen_and_the_drain_have_one_source(
         (["--port", "1"], ["--uds", "/nonexistent/s.sock"], "--uds listens on a Unix socket"),
         (["--grace", "1"], ["--shutdown-timeout", "1"], "--grace and --shutdown-timeout"),
         ([], ["other-model"], "the model is given twice"),
+        ([], ["--model", "other-model"], "the model is given twice"),
     ],
 )
 def test_a_setting_given_twice_is_an_error(
