@@ -22,10 +22,17 @@ from .engine import (
     is_engine_client_proxy,
     shutdown_engine,
 )
-from .server import OpenAIServer, ServerStartError, astart_openai_server, start_openai_server
+from .server import (
+    OpenAIServer,
+    ServeArgsMismatch,
+    ServerStartError,
+    astart_openai_server,
+    start_openai_server,
+)
 
 __all__ = [
     "OpenAIServer",
+    "ServeArgsMismatch",
     "ServerStartError",
     "UnclassifiedMemberError",
     "UnsupportedEngineConfig",

@@ -17,9 +17,12 @@ entry point: ``python -m loopbridge_vllm.dp``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import errno
 import gc
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -33,6 +36,10 @@ from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
 _DELEGATED = {"bench": "loopbridge_vllm.bench"}
 _SUBCOMMANDS = ("serve", *_DELEGATED)
 
+_DEFAULT_HOST = "127.0.0.1"
+_DEFAULT_PORT = 8000
+_DEFAULT_GRACE = 5.0
+
 
 def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -41,14 +48,22 @@ def _serve_parser() -> argparse.ArgumentParser:
         epilog="Options after '--' go to vLLM's `vllm serve` parser (engine and frontend).",
     )
     parser.add_argument("model", help="model path or name")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    # None: not given here (then `-- --host/--port` may give it, not both).
+    parser.add_argument("--host", default=None, help=f"default: {_DEFAULT_HOST}")
+    parser.add_argument(
+        "--port", type=int, default=None, help=f"0 picks a free port (default: {_DEFAULT_PORT})"
+    )
     parser.add_argument(
         "--cpu-standin",
         action="store_true",
         help="run on CPU with the stand-in forward pass (loopbridge_vllm.cpu_engine)",
     )
-    parser.add_argument("--grace", type=float, default=5.0, help="drain time on shutdown (s)")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        help=f"drain time on shutdown (s), like vLLM's --shutdown-timeout (default: {_DEFAULT_GRACE})",
+    )
     parser.add_argument("--uvloop", action="store_true", help="use uvloop for the owner loop")
     parser.add_argument(
         "--no-server-uvloop",
@@ -72,6 +87,68 @@ def _serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _UsageError(Exception):
+    """A command line ``serve`` refuses: exit status 2, one line per problem."""
+
+
+@dataclasses.dataclass
+class _Plan:
+    ns: argparse.Namespace  # the `vllm serve` namespace the engine and the app get
+    host: str
+    port: int
+    grace: float
+
+
+def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
+    """The ``vllm serve`` namespace and where to listen; :class:`_UsageError` if refused."""
+    from loopbridge_vllm._serve_options import given_options, refusals
+    from loopbridge_vllm._vllm_releases.moved_imports import serve_arg_checks
+    from loopbridge_vllm.server import _make_parser, import_parser_plugins
+
+    parser = _make_parser()
+    given = given_options(_make_parser(), vllm_argv)
+    ns = parser.parse_args(["--model", opts.model, *vllm_argv])
+    # One source of truth for each setting: given twice is an error, not a choice.
+    problems = [
+        f"{flag} is given before and after '--'; give it once"
+        for flag, dest in (("--host", "host"), ("--port", "port"))
+        if getattr(opts, dest) is not None and dest in given
+    ]
+    for dest in ("model_tag", "model"):
+        if dest in given:
+            problems.append(
+                f"the model is given twice ({opts.model!r} and {getattr(ns, dest)!r} after "
+                "'--'); give it once, as MODEL"
+            )
+    if "uds" in given and (opts.host is not None or opts.port is not None):
+        problems.append("--uds listens on a Unix socket: drop --host and --port")
+    if opts.grace is not None and "shutdown_timeout" in given:
+        problems.append("--grace and --shutdown-timeout both set the drain on shutdown; give one")
+    problems += refusals(parser, ns, given)
+    if problems:
+        raise _UsageError("\n".join(problems))
+    validate_parsed, validate_api, _ = serve_arg_checks()
+    # vllm serve's own checks, in its order: the command line, then (after the
+    # parser plugins registered their names) the parser names.
+    try:
+        validate_parsed(ns)
+        import_parser_plugins(ns)
+        validate_api(ns)
+    except (ValueError, TypeError, KeyError) as exc:
+        message = str(exc.args[0] if exc.args else exc)
+        raise _UsageError(message.removeprefix("Error: ")) from exc
+    host = ns.host if "host" in given else (opts.host or _DEFAULT_HOST)
+    port = ns.port if "port" in given else (_DEFAULT_PORT if opts.port is None else opts.port)
+    ns.host, ns.port = host, port  # the namespace the app sees tells the truth
+    if opts.grace is not None:
+        grace = opts.grace
+    elif "shutdown_timeout" in given:
+        grace = float(ns.shutdown_timeout)
+    else:
+        grace = _DEFAULT_GRACE
+    return _Plan(ns, host, port, grace)
+
+
 def serve(argv: Sequence[str]) -> int:
     argv = list(argv)
     vllm_argv: list[str] = []
@@ -79,15 +156,6 @@ def serve(argv: Sequence[str]) -> int:
         cut = argv.index("--")
         argv, vllm_argv = argv[:cut], argv[cut + 1 :]
     opts = _serve_parser().parse_args(argv)
-    from loopbridge_vllm.server import _bind
-
-    # Bind before the engine is built: a busy port is known in milliseconds,
-    # not after the engine's start-up.
-    try:
-        sock = _bind(opts.host, opts.port)
-    except OSError as exc:
-        print(_bind_failure(opts.host, opts.port, exc), file=sys.stderr, flush=True)
-        return 1
     if opts.cpu_standin:
         from loopbridge_vllm.cpu_engine import STANDIN_BACKEND, cpu_engine_env
 
@@ -100,11 +168,28 @@ def serve(argv: Sequence[str]) -> int:
             "--enforce-eager",
             *vllm_argv,
         ]
+    try:
+        plan = _plan(opts, vllm_argv)
+    except _UsageError as exc:
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        return 2
+    ns = plan.ns
+    from vllm.utils.system_utils import set_ulimit
+
+    from loopbridge_vllm.server import _bind, _bind_unix
+
+    # Bind before the engine is built: a busy port is known in milliseconds,
+    # not after the engine's start-up.
+    try:
+        sock = _bind_unix(ns.uds) if ns.uds else _bind(plan.host, plan.port)
+    except OSError as exc:
+        print(_bind_failure(plan.host, plan.port, ns.uds, exc), file=sys.stderr, flush=True)
+        return 1
+    set_ulimit()  # as vllm serve: many concurrent connections need many descriptors
 
     from loopbridge import LoopThread
-    from loopbridge_vllm.server import _make_parser, start_openai_server
-
-    ns = _make_parser().parse_args(["--model", opts.model, *vllm_argv])
+    from loopbridge_vllm.server import start_openai_server
 
     stop = threading.Event()
 
@@ -121,10 +206,11 @@ def serve(argv: Sequence[str]) -> int:
         engine = owner.run(_build_engine, ns)
         server = start_openai_server(
             engine,
-            host=opts.host,
-            port=opts.port,
+            host=plan.host,
+            port=plan.port,
             args=ns,
-            grace=opts.grace,
+            grace=plan.grace,
+            log_level=ns.uvicorn_log_level,
             use_uvloop=opts.server_uvloop,
             metrics=opts.metrics,
             max_body_bytes=opts.max_body_bytes or None,
@@ -155,10 +241,15 @@ def serve(argv: Sequence[str]) -> int:
         owner.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if ns.uds:
+            with contextlib.suppress(OSError):
+                os.unlink(ns.uds)
     return code
 
 
-def _bind_failure(host: str, port: int, exc: OSError) -> str:
+def _bind_failure(host: str, port: int, uds: str | None, exc: OSError) -> str:
+    if uds:
+        return f"error: cannot listen on the Unix socket {uds}: {exc.strerror or exc}; check --uds"
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if exc.errno == errno.EADDRINUSE:
         return (
@@ -169,11 +260,27 @@ def _bind_failure(host: str, port: int, exc: OSError) -> str:
 
 
 async def _build_engine(ns: argparse.Namespace) -> Any:
-    # Runs on the owner loop, so the engine's output handler starts there.
+    # Runs on the owner loop, so the engine's output handler starts there. Built
+    # as vllm serve builds it: the API server's usage context, the same logging
+    # switches, the same fix-up of the engine arguments.
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs.from_cli_args(ns))
+    from loopbridge_vllm._vllm_releases.moved_imports import serve_arg_checks
+
+    engine_args = AsyncEngineArgs.from_cli_args(ns)
+    serve_arg_checks()[2](ns, engine_args)
+    context = UsageContext.OPENAI_API_SERVER
+    llm = AsyncLLM.from_vllm_config(
+        engine_args.create_engine_config(usage_context=context),
+        usage_context=context,
+        enable_log_requests=engine_args.enable_log_requests,
+        aggregate_engine_logging=engine_args.aggregate_engine_logging,
+        disable_log_stats=engine_args.disable_log_stats,
+    )
+    await llm.reset_mm_cache()  # as vllm serve: drop the profiling run's dummy inputs
+    return llm
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,13 +44,17 @@ from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from ._exporter import export_metrics
 
 if TYPE_CHECKING:
+    from fastapi import APIRouter
+    from starlette.middleware import Middleware
     from vllm.engine.protocol import EngineClient
 
 __all__ = [
     "ExitReason",
     "OpenAIServer",
+    "ServeArgsMismatch",
     "ServerStartError",
     "astart_openai_server",
+    "check_serve_args",
     "serve_args",
     "start_openai_server",
 ]
@@ -90,20 +94,90 @@ def _make_parser() -> argparse.ArgumentParser:
     return make_arg_parser()
 
 
-def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Namespace:
-    """A complete ``vllm serve`` namespace for ``client``'s model.
+class ServeArgsMismatch(ValueError):
+    """The ``vllm serve`` namespace says something else than the engine it serves."""
 
-    The serving layer reads dozens of these options; the model path and served
-    names come from the engine's own config, ``extra`` adds ``vllm serve``
-    command-line options (``["--enable-log-requests"]``, ...).
+
+def _engine_settings(client: EngineClient) -> dict[str, Any]:
+    """What ``init_app_state``/``build_app`` read from the namespace that the engine fixed.
+
+    ``dest`` -> the engine's value, in the namespace's form.
     """
-    model_config = client.model_config
-    argv = ["--model", str(model_config.model)]
-    names = model_config.served_model_name
-    if names:
-        argv += ["--served-model-name", *([names] if isinstance(names, str) else names)]
+    config = client.vllm_config
+    names = config.model_config.served_model_name
+    structured = config.structured_outputs_config
+    return {
+        "model": str(config.model_config.model),
+        "served_model_name": [names] if isinstance(names, str) else list(names or []),
+        # AsyncLLM's own switches (not part of the EngineClient protocol).
+        "enable_log_requests": bool(getattr(client, "log_requests", False)),
+        "disable_log_stats": not getattr(client, "log_stats", True),
+        "reasoning_parser": structured.reasoning_parser or "",
+        "enable_fault_tolerance": bool(config.parallel_config.enable_fault_tolerance),
+    }
+
+
+def _namespace_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`_engine_settings`'s fields as ``args`` gives them."""
+    names = args.served_model_name
+    return {
+        "model": str(args.model),
+        "served_model_name": list(names) if names else [str(args.model)],
+        "enable_log_requests": bool(args.enable_log_requests),
+        "disable_log_stats": bool(args.disable_log_stats),
+        # The app reads the structured-outputs config; --reasoning-parser lands
+        # there only when an engine is built from this namespace.
+        "reasoning_parser": args.structured_outputs_config.reasoning_parser
+        or getattr(args, "reasoning_parser", "")
+        or "",
+        "enable_fault_tolerance": bool(getattr(args, "enable_fault_tolerance", False)),
+    }
+
+
+def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Namespace:
+    """A complete ``vllm serve`` namespace for ``client``'s engine.
+
+    Every field the serving layer reads that the engine already fixed comes
+    from the engine's own config: the model and served names, request and
+    stats logging, the reasoning parser, fault tolerance. ``extra`` adds
+    ``vllm serve`` command-line options (``["--enable-auto-tool-choice", ...]``);
+    one that contradicts the engine makes :func:`start_openai_server` raise
+    :class:`ServeArgsMismatch`. The access log is off unless ``extra`` turns it
+    on (``--enable-uvicorn-access-log`` on vLLM 0.33, ``--no-disable-uvicorn-access-log``
+    on 0.32).
+    """
+    engine = _engine_settings(client)
+    argv = ["--model", engine["model"], "--served-model-name", *engine["served_model_name"]]
+    if engine["enable_log_requests"]:
+        argv.append("--enable-log-requests")
+    if engine["disable_log_stats"]:
+        argv.append("--disable-log-stats")
+    if engine["enable_fault_tolerance"]:
+        argv.append("--enable-fault-tolerance")
+    if engine["reasoning_parser"]:
+        argv += ["--reasoning-parser", engine["reasoning_parser"]]
     argv.append("--disable-uvicorn-access-log")
-    return _make_parser().parse_args([*argv, *extra])
+    args = _make_parser().parse_args([*argv, *extra])
+    if not any(a in ("--reasoning-parser", "--structured-outputs-config") for a in extra):
+        # The engine's own structured-outputs config, reasoning parser included.
+        args.structured_outputs_config = client.vllm_config.structured_outputs_config
+    return args
+
+
+def check_serve_args(client: EngineClient, args: argparse.Namespace) -> None:
+    """Raise :class:`ServeArgsMismatch` if ``args`` contradicts ``client``'s engine."""
+    engine, ours = _engine_settings(client), _namespace_settings(args)
+    wrong = [
+        f"{dest} (namespace: {ours[dest]!r}, engine: {engine[dest]!r})"
+        for dest in engine
+        if ours[dest] != engine[dest]
+    ]
+    if wrong:
+        raise ServeArgsMismatch(
+            "the vllm serve namespace disagrees with the engine it serves: "
+            + "; ".join(wrong)
+            + ". Build it with serve_args(engine), or build the engine from it"
+        )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -125,15 +199,90 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _adopt_listener(sock: socket.socket) -> socket.socket:
-    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        raise ValueError(f"sock must be a listening TCP socket, not {sock!r}")
-    # The caller's socket may have been made with protocol 0, for which asyncio
-    # leaves Nagle on (see _bind). Linux copies TCP_NODELAY from the listener
-    # to the connections it accepts.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def _bind_unix(path: str) -> socket.socket:
+    """A listening Unix socket at ``path`` (``--uds``), as vLLM's launcher binds it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
     sock.setblocking(False)
     return sock
+
+
+def _adopt_listener(sock: socket.socket) -> socket.socket:
+    families = (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX)
+    if sock.type != socket.SOCK_STREAM or sock.family not in families:
+        raise ValueError(f"sock must be a listening TCP or Unix socket, not {sock!r}")
+    if sock.family != socket.AF_UNIX:
+        # The caller's socket may have been made with protocol 0, for which
+        # asyncio leaves Nagle on (see _bind). Linux copies TCP_NODELAY from
+        # the listener to the connections it accepts.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    return sock
+
+
+def _uses_tls(args: argparse.Namespace) -> bool:
+    # vLLM's launcher announces https exactly when both files are given.
+    return bool(getattr(args, "ssl_keyfile", None) and getattr(args, "ssl_certfile", None))
+
+
+def import_parser_plugins(args: argparse.Namespace) -> None:
+    """Import ``--tool-parser-plugin`` and ``--reasoning-parser-plugin``, as vLLM's launcher does.
+
+    Both register parsers by name, so they must run before the names are
+    checked and before the app is built. Importing twice is harmless (vLLM's
+    own launcher does).
+    """
+    # vLLM's own test: anything shorter than "a.py" is no plugin.
+    if len(getattr(args, "tool_parser_plugin", "") or "") > 3:
+        from vllm.tool_parsers import ToolParserManager
+
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    if len(getattr(args, "reasoning_parser_plugin", "") or "") > 3:
+        from vllm.reasoning import ReasoningParserManager
+
+        ReasoningParserManager.import_reasoning_parser(args.reasoning_parser_plugin)
+
+
+def _uvicorn_config(app: Any, args: argparse.Namespace, log_level: str, grace: float) -> Any:
+    """uvicorn's config for ``args``, as vLLM's ``build_and_serve``/``serve_http`` make it.
+
+    TLS, access log, log config, keep-alive timeout and h11 limits all come
+    from the ``vllm serve`` namespace; only the log level and the drain are
+    the caller's (``log_level``, ``grace``).
+    """
+    import uvicorn
+    from vllm import envs
+
+    from loopbridge_vllm._vllm_releases.moved_imports import uvicorn_log_config
+
+    options: dict[str, Any] = {}
+    log_config = uvicorn_log_config()(args)
+    if log_config is not None:
+        options["log_config"] = log_config
+    config: Any = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=not args.disable_uvicorn_access_log,
+        timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+        timeout_graceful_shutdown=max(1, round(grace)),
+        lifespan="on",
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=args.ssl_cert_reqs,
+        ssl_ciphers=args.ssl_ciphers,
+        h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+        **options,
+    )
+    # vLLM sets this too; the uvicorn releases it supports do not read it yet.
+    config.h11_max_header_count = args.h11_max_header_count
+    config.load()  # builds the SSL context the certificate refresher reloads
+    return config
 
 
 def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop]:
@@ -187,8 +336,12 @@ class OpenAIServer:
         metrics: bool = True,
         max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
         sock: socket.socket | None = None,
+        routers: Sequence[APIRouter] = (),
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.client = client
+        self._routers = tuple(routers)
+        self._middleware = tuple(middleware)
         self.args = args if args is not None else serve_args(client)
         self.grace = grace
         self._engine = engine
@@ -200,11 +353,17 @@ class OpenAIServer:
         self._max_body_bytes = max_body_bytes
         self._sock = _bind(host, port) if sock is None else _adopt_listener(sock)
         bound = self._sock.getsockname()
-        host = host if sock is None else str(bound[0])
-        self.host: str = host
-        self.port: int = int(bound[1])
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self.port}"
+        if self._sock.family == socket.AF_UNIX:
+            self.host: str = str(bound)
+            self.port: int = 0
+            self.url = f"unix:{bound}"  # as vLLM's launcher announces it
+        else:
+            host = host if sock is None else str(bound[0])
+            self.host = host
+            self.port = int(bound[1])
+            shown = f"[{host}]" if ":" in host else host
+            scheme = "https" if _uses_tls(self.args) else "http"
+            self.url = f"{scheme}://{shown}:{self.port}"
         self.loop: asyncio.AbstractEventLoop | None = None
         self.exit_reason: ExitReason | None = None
         self._server: Any = None
@@ -356,8 +515,6 @@ class OpenAIServer:
             asyncio.get_running_loop().stop()
 
     async def _main(self) -> None:
-        import uvicorn
-
         client = self.client
         # The engine must answer before anything is served.
         supported = tuple(await client.get_supported_tasks())
@@ -365,19 +522,21 @@ class OpenAIServer:
             raise ServerStartError("engine is not healthy") from client.dead_error
         build_app, init_app_state = _launchers()
         app = build_app(self.args, supported, client.model_config)
+        # The caller's routes, on the same app: vLLM's come first (a path both
+        # define is vLLM's).
+        for router in self._routers:
+            app.include_router(router)
         await init_app_state(client, app.state, self.args, supported)
         if self._metrics:
             await self._export_metrics()
         served: Any = app
+        # The caller's middleware wraps the whole app (vLLM's app has built its
+        # middleware stack already), the first one outermost.
+        for layer in reversed(self._middleware):
+            served = layer.cls(served, *layer.args, **layer.kwargs)
         if self._max_body_bytes is not None:
-            served = BodyLimit(app, self._max_body_bytes)
-        config = uvicorn.Config(
-            served,
-            log_level=self._log_level,
-            access_log=False,
-            timeout_graceful_shutdown=max(1, round(self.grace)),
-            lifespan="on",
-        )
+            served = BodyLimit(served, self._max_body_bytes)
+        config = _uvicorn_config(served, self.args, self._log_level, self.grace)
         server = _server_class()(config)
         server.on_started = self._ready.set
         app.state.server = server
@@ -385,11 +544,23 @@ class OpenAIServer:
             if self._stopped:
                 return
             self._server = server
+        refresher = None
+        if self.args.enable_ssl_refresh and config.ssl is not None:
+            from vllm.entrypoints.launchers.utils.ssl import SSLCertRefresher
+
+            refresher = SSLCertRefresher(
+                ssl_context=config.ssl,
+                key_path=config.ssl_keyfile,
+                cert_path=config.ssl_certfile,
+                ca_path=config.ssl_ca_certs,
+            )
         serving = asyncio.create_task(server.serve(sockets=[self._sock]))
         watchdog = asyncio.create_task(self._watchdog(server))
         try:
             await serving
         finally:
+            if refresher is not None:
+                refresher.stop()
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
@@ -492,6 +663,8 @@ def start_openai_server(
     metrics: bool = True,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     sock: socket.socket | None = None,
+    routers: Sequence[APIRouter] = (),
+    middleware: Sequence[Middleware] = (),
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -516,6 +689,12 @@ def start_openai_server(
 
     Request bodies over ``max_body_bytes`` (default 32 MiB) are answered 413
     without being kept; ``None`` accepts any size, as stock ``vllm serve`` does.
+
+    ``routers`` (FastAPI ``APIRouter``) are added to vLLM's app and
+    ``middleware`` (Starlette ``Middleware``, the first outermost) wraps it,
+    served on the same thread: a route reaches the engine as
+    ``request.app.state.engine_client``, the loop-safe proxy. A namespace (``args``, or ``serve_argv``) that contradicts
+    the engine's own config raises :class:`ServeArgsMismatch`.
     """
     settings = dict(locals())  # every parameter above, by name
     timeout = settings.pop("start_timeout")
@@ -537,6 +716,8 @@ async def astart_openai_server(
     metrics: bool = True,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     sock: socket.socket | None = None,
+    routers: Sequence[APIRouter] = (),
+    middleware: Sequence[Middleware] = (),
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.
@@ -574,6 +755,8 @@ def _prepare(
         raise ServerStartError("the engine's owner loop is closed")
     if args is None:
         args = serve_args(client, serve_argv)
+    check_serve_args(client, args)
+    import_parser_plugins(args)
     return OpenAIServer(
         client,
         args=args,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -12,15 +11,12 @@ import time
 from pathlib import Path
 
 import httpx
-from vllm_engines import REPO
+import pytest
+from vllm_engines import REPO, serve_env
 
 
 def _env() -> dict[str, str]:
-    """The environment for ``python -m loopbridge_vllm``, with this tree's sources first."""
-    env = dict(os.environ)
-    src = str(REPO / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
-    return env
+    return serve_env()
 
 
 def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
@@ -111,3 +107,72 @@ def test_busy_port_fails_fast_with_one_clear_line(tiny_model: Path) -> None:
     assert len(output) == 1, output
     line = output[0]
     assert f"port {port} is already in use" in line and "--port" in line
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ([], ["--api-server-count", "2"], "error: --api-server-count: "),
+        (["--port", "0"], ["--port", "0"], "error: --port is given before and after '--'"),
+        ([], ["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires"),
+    ],
+)
+def test_refused_command_line_exits_2_with_one_line(
+    tiny_model: Path, before: list[str], after: list[str], expected: str
+) -> None:
+    argv = ["serve", str(tiny_model), "--cpu-standin", *before, "--", *after]
+    done = subprocess.run(
+        [sys.executable, "-m", "loopbridge_vllm", *argv],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    # One line on stderr and nothing else: the engine was never built.
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if not _library_noise(line)]
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+    assert done.stdout == ""
+
+
+def _library_noise(line: str) -> bool:
+    # torch prints deprecation notes on import, before our code runs.
+    return line.startswith("W") and "torch" in line
+
+
+def test_unix_socket_and_log_level_after_dashes(tiny_model: Path, tmp_path: Path) -> None:
+    from vllm_engines import ServeProcess
+
+    path = tmp_path / "serve.sock"
+    server = ServeProcess(
+        [
+            sys.executable,
+            "-m",
+            "loopbridge_vllm",
+            "serve",
+            str(tiny_model),
+            "--cpu-standin",
+            "--grace",
+            "1",
+            "--",
+            "--uds",
+            str(path),
+            "--served-model-name",
+            "tiny",
+            "--uvicorn-log-level",
+            "warning",
+        ]
+    )
+    try:
+        assert server.wait_for(r"serving on (\S+)", 300).group(1) == f"unix:{path}"
+        transport = httpx.HTTPTransport(uds=str(path))
+        with httpx.Client(transport=transport, base_url="http://serve", timeout=30) as client:
+            assert client.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0
+    out = "".join(server.lines)
+    # uvicorn at warning: neither its start-up lines nor the access log (both info).
+    assert "Application startup complete" not in out and "GET /v1/models" not in out
+    assert not path.exists()  # the socket file is removed on exit

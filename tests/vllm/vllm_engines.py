@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,3 +52,78 @@ def stop_engine(owner: LoopThread, llm: Any) -> None:
     shutdown_engine(llm)
     owner.stop(30)
     gc.collect()
+
+
+def serve_env() -> dict[str, str]:
+    """The environment for a server process, with this tree's sources first."""
+    env = dict(os.environ)
+    src = str(REPO / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServeProcess:
+    """A server process (ours or stock ``vllm serve``) whose merged output is read
+    line by line on a thread; :meth:`wait_for` blocks until a line matches."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self.proc = subprocess.Popen(
+            argv,
+            env=serve_env(),
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # one process group: the server and its EngineCore
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("")  # end of output
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float, start: int = 0) -> re.Match[str]:
+        """The first match of ``pattern`` in a line from index ``start`` on."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = start
+        with self._changed:
+            while True:
+                for line in self.lines[seen:]:
+                    if match := regex.search(line):
+                        return match
+                seen = len(self.lines)
+                ended = bool(self.lines) and self.lines[-1] == ""
+                left = deadline - time.monotonic()
+                if ended or left <= 0:
+                    tail = "".join(self.lines[-40:])
+                    raise AssertionError(f"no line matches {pattern!r}; output ends:\n{tail}")
+                self._changed.wait(left)
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # an EngineCore left behind
+        self.proc.wait(10)
+        self._reader.join(10)

@@ -12,7 +12,7 @@ from typing import Any
 
 from loopbridge_vllm._vllm_releases import import_piece
 
-__all__ = ["make_arg_parser", "openai_app_builders"]
+__all__ = ["make_arg_parser", "openai_app_builders", "serve_arg_checks", "uvicorn_log_config"]
 
 
 def make_arg_parser() -> argparse.ArgumentParser:
@@ -60,3 +60,49 @@ def openai_app_builders() -> tuple[Callable[..., Any], Callable[..., Any]]:
         ],
     )
     return build_app, init_app_state
+
+
+def serve_arg_checks() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """``validate_parsed_serve_args``, ``validate_api_server_args`` and
+    ``propagate_flash_late_interaction``: the checks and the engine fix-up
+    ``vllm serve`` applies to its namespace.
+
+    All three live in ``entrypoints.common.cli_args`` from 0.33; in 0.32 the
+    first and last are in ``entrypoints.launchers.cli_args`` and
+    ``validate_api_server_args`` in ``entrypoints.launchers.launcher``.
+    """
+    validate_parsed = import_piece(
+        "vllm serve's argument checks (validate_parsed_serve_args)",
+        [
+            ("vllm.entrypoints.common.cli_args", "validate_parsed_serve_args"),
+            ("vllm.entrypoints.launchers.cli_args", "validate_parsed_serve_args"),
+        ],
+    )
+    validate_api = import_piece(
+        "vllm serve's parser-name checks (validate_api_server_args)",
+        [
+            ("vllm.entrypoints.common.cli_args", "validate_api_server_args"),
+            ("vllm.entrypoints.launchers.launcher", "validate_api_server_args"),
+        ],
+    )
+    propagate = import_piece(
+        "vllm serve's engine fix-up (propagate_flash_late_interaction)",
+        [
+            ("vllm.entrypoints.common.cli_args", "propagate_flash_late_interaction"),
+            ("vllm.entrypoints.launchers.cli_args", "propagate_flash_late_interaction"),
+        ],
+    )
+    return validate_parsed, validate_api, propagate
+
+
+def uvicorn_log_config() -> Callable[..., Any]:
+    """``get_uvicorn_log_config(args)``: the uvicorn log config ``vllm serve`` uses
+    (``--log-config-file``, ``--disable-access-log-for-endpoints``), or ``None``.
+
+    In ``entrypoints.launchers.utils.server_utils`` in 0.32 and 0.33.
+    """
+    get: Callable[..., Any] = import_piece(
+        "vllm serve's uvicorn log config (get_uvicorn_log_config)",
+        [("vllm.entrypoints.launchers.utils.server_utils", "get_uvicorn_log_config")],
+    )
+    return get
