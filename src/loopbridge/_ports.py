@@ -64,6 +64,7 @@ from ._compat import (
     check_loop,
     counter_value,
     get_running_loop,
+    live_thread,
     ready_queue,
     self_reader,
 )
@@ -82,8 +83,6 @@ __all__ = [
 
 #: How often waiting callers check that the owner loop is still alive (seconds).
 LIVENESS_INTERVAL = 0.05
-#: A loop seen stopped on this many consecutive checks counts as dead.
-STOPPED_CHECKS = 2
 
 
 class InFlight(Protocol):
@@ -114,8 +113,6 @@ class Port:
         "_flush_pending",
         "inflight",
         "dead",
-        "has_run",
-        "_stopped_checks",
         "_keeper",
         "_deferred_by",
         "waiting",
@@ -148,8 +145,6 @@ class Port:
         self._flush_pending = False
         self.inflight: dict[InFlight, None] = {}
         self.dead: BaseException | None = None
-        self.has_run = False
-        self._stopped_checks = 0
         self._keeper: asyncio.Task[None] | None = None
         # The loop that owes this port a deferred wake, if any.
         self._deferred_by: Port | None = None
@@ -157,7 +152,8 @@ class Port:
         # scheduled exactly while it is non-empty (loop thread only).
         self.waiting: set[Any] = set()
         self._tick_handle: asyncio.TimerHandle | None = None
-        # The thread seen running this loop (for hang dumps; uvloop has no _thread_id).
+        # The thread last seen running this loop: for liveness (a stopped loop
+        # whose thread has ended is dead) and hang dumps (uvloop has no _thread_id).
         self.thread_id: int | None = None
         self._wakes = itertools.count()  # exact from any thread
         # How callers on this loop wait (see _wakers); made on first use.
@@ -222,7 +218,7 @@ class Port:
         self._wake_pending = False
         if _interleave.hook is not None:
             _interleave.hook("drain.flag_cleared")
-        self.has_run = True
+        self.thread_id = _get_ident()
         inbox = self._inbox
         for _ in range(len(inbox)):
             fn, arg = inbox.popleft()
@@ -286,13 +282,14 @@ class Port:
             if is_closed():
                 self.die(OwnerLoopClosed(f"{self.label} was closed"))
                 return False
-            if loop.is_running():
-                self._stopped_checks = 0
-            elif self.has_run:
-                self._stopped_checks += 1
-                if self._stopped_checks >= STOPPED_CHECKS:
-                    self.die(OwnerLoopClosed(f"{self.label} stopped running"))
-                    return False
+            # Stopped is not dead: a stopped loop may run again (a loop driven
+            # by run_until_complete is stopped between calls), and what waits
+            # on it runs then.  Dead is closed, or stopped with the thread that
+            # last ran it gone.
+            tid = self.thread_id
+            if not loop.is_running() and tid is not None and live_thread(tid) is None:
+                self.die(OwnerLoopClosed(f"{self.label} stopped, and its thread has ended"))
+                return False
         return True
 
     def die(self, exc: BaseException) -> None:
@@ -364,7 +361,6 @@ class Port:
     def _start_keeper(self, _: object = None) -> None:
         """A task that notices when the loop shuts down (asyncio.run, LoopThread.stop)."""
         if self._keeper is None and self.dead is None:
-            self.has_run = True
             self.thread_id = threading.get_ident()
             keeper = self.loop.create_task(self._keep(), name="loopbridge-keeper")
             # A done callback, not an except clause: a sweep may cancel the
@@ -405,6 +401,7 @@ def _fresh(exc: BaseException) -> BaseException:
 
 
 _log = logging.getLogger("loopbridge")
+_get_ident = threading.get_ident
 _ABSENT = object()
 _ATTR = PORT_ATTR = "_loopbridge_port"
 _registry_lock = threading.Lock()

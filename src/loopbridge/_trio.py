@@ -47,7 +47,6 @@ def trio_port() -> Port:
     except LookupError:
         token = trio.lowlevel.current_trio_token()
         port = Port(token, token.run_sync_soon, f"trio run 0x{id(token):x}")
-        port.has_run = True
         port.thread_id = threading.get_ident()
         _run_var.set(port)
     return port

@@ -604,9 +604,11 @@ class OpenAIServer:
     def _owner_died(self, server: Any, owner: asyncio.AbstractEventLoop | None) -> None:
         self.exit_reason = ExitReason.OWNER_LOOP_STOPPED
         _log.error("the engine's owner loop stopped; stopping the OpenAI server at %s", self.url)
-        # Requests waiting on the owner already fail (OwnerLoopClosed); stopping
-        # the server refuses new ones. Their generators are suspended on the
-        # owner loop, so the EngineCore would run them to the end: queue an
+        # Stopping the server refuses new requests and ends those in flight: a
+        # stopped loop is not dead to the core (it may run again), so they wait
+        # on it until uvicorn's drain (``grace``) cancels them, and each cancel
+        # returns within the proxy's cancel_grace. Their generators are suspended
+        # on the owner loop, so the EngineCore would run them to the end: queue an
         # abort of everything in flight, which runs if that loop runs again (a
         # restart, or the clean-up sweep of LoopThread.stop / asyncio.run). A
         # closed loop already cancelled its generators, which aborts them.

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import loopbridge as lb
+from loopbridge._ownership import ownership_of
 
 from .conftest import Engine, until_set
 
@@ -79,34 +80,75 @@ def test_asyncio_run_owner_returning_fails_pending_calls() -> None:
     t.join()
 
 
-def test_stop_without_cancel_is_detected() -> None:
-    """A loop stopped with loop.stop() (tasks left pending) is noticed by callers."""
-    loop = asyncio.new_event_loop()
-    holder: dict[str, Engine] = {}
+class SteppedOwner:
+    """An owner loop run in rounds on one thread (``run_forever`` until stopped, then
+    again when resumed), as a loop driven by repeated ``run_until_complete`` is."""
 
-    async def make() -> None:
-        holder["e"] = Engine()
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.stopped = threading.Event()
+        self._resume = threading.Event()
+        self._quit = False
+        self.thread = threading.Thread(target=self._main, name="stepped-owner")
 
-    loop.run_until_complete(make())
-    t = threading.Thread(target=loop.run_forever)
-    t.start()
-    p = lb.proxy(holder["e"])
-    blocked = lb.blocking(p)
+        async def make() -> Engine:
+            return Engine()
 
-    async def main() -> None:
-        call = asyncio.create_task(p.sleep(30))
-        await until_set(holder["e"].started["sleep"])
-        loop.call_soon_threadsafe(loop.stop)
-        with pytest.raises(lb.OwnerLoopClosed):
-            await asyncio.wait_for(call, 5)
+        self.engine = self.loop.run_until_complete(make())
+        self.thread.start()
 
-    asyncio.run(main())
-    t.join()
+    def _main(self) -> None:
+        while True:
+            self.loop.run_forever()
+            self.stopped.set()
+            if self._quit:
+                return
+            assert self._resume.wait(30)
+            self._resume.clear()
+            self.stopped.clear()
+
+    def stop(self, quit: bool = False) -> None:
+        self._quit = quit
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        assert self.stopped.wait(30)
+
+    def resume(self) -> None:
+        self._resume.set()
+
+
+def test_a_stopped_owner_is_not_dead_calls_run_when_it_runs_again() -> None:
+    owner = SteppedOwner()
+    p = lb.proxy(owner.engine)
+    b = lb.blocking(p)
+    assert b.echo(1) == 1  # the owner's port exists and has run
+    ownership = ownership_of(owner.engine)
+    assert ownership is not None
+    port = ownership.port()
+    owner.stop()
+    done = threading.Event()
+
+    async def main() -> Any:
+        call = asyncio.create_task(p.echo(2))
+        await asyncio.sleep(0)  # submitted: waits for a loop that is only stopped
+        # What the waiting caller's liveness checks do, as many times as they like:
+        # a stopped loop whose thread lives is not dead (it was after two checks).
+        for _ in range(5):
+            assert await asyncio.to_thread(port.check_alive)
+        assert not call.done()
+        done.set()
+        owner.resume()
+        return await call
+
+    assert asyncio.run(main()) == 2
+    assert done.is_set()
+    owner.stop(quit=True)
+    owner.thread.join(30)
+    # Stopped, and the thread that ran it has ended: now it is dead.
     with pytest.raises(lb.OwnerLoopClosed):
-        blocked.echo(1)
-    loop.close()
+        b.echo(3)
+    owner.loop.close()
     with pytest.raises(lb.OwnerLoopClosed):
-        blocked.echo(1)
+        b.echo(4)
 
 
 def test_blocking_caller_sees_owner_death() -> None:
