@@ -187,23 +187,20 @@ def _bind(host: str, port: int) -> socket.socket:
     # algorithm meets the client's delayed ACK on kept-alive connections (+40 ms).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        # Listen at once: clients that connect before uvicorn runs wait in the
-        # backlog instead of being refused.
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
+    return _listening(sock, (host, port))
 
 
 def _bind_unix(path: str) -> socket.socket:
     """A listening Unix socket at ``path`` (``--uds``), as vLLM's launcher binds it."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    return _listening(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), path)
+
+
+def _listening(sock: socket.socket, address: Any) -> socket.socket:
+    """``sock`` bound to ``address`` and listening, non-blocking; closed if that fails."""
     try:
-        sock.bind(path)
+        sock.bind(address)
+        # Listen at once: clients that connect before uvicorn runs wait in the
+        # backlog instead of being refused.
         sock.listen(2048)
     except OSError:
         sock.close()

@@ -59,10 +59,7 @@ def test_a_stock_loop_without_its_thread_id_is_refused() -> None:
 
 def test_a_missing_internal_fails_at_import() -> None:
     code = "import asyncio; del asyncio._get_running_loop; import loopbridge"
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
-    )
+    proc = _import_in_a_new_process(code)
     assert proc.returncode != 0
     assert "UnsupportedRuntime" in proc.stderr
     assert "asyncio._get_running_loop()" in proc.stderr
@@ -78,10 +75,7 @@ def test_a_free_threaded_interpreter_without_the_gil_is_refused_at_import() -> N
     ``sys._is_gil_enabled()`` (3.13+) answers False, as it does on a build run
     with the GIL disabled."""
     code = "import sys; sys._is_gil_enabled = lambda: False; import loopbridge"
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
-    )
+    proc = _import_in_a_new_process(code)
     assert proc.returncode != 0
     assert "loopbridge._errors.UnsupportedRuntime: loopbridge needs the GIL" in proc.stderr
     assert "PYTHON_GIL=1" in proc.stderr
@@ -89,9 +83,13 @@ def test_a_free_threaded_interpreter_without_the_gil_is_refused_at_import() -> N
 
 def test_a_free_threaded_interpreter_with_the_gil_on_is_accepted() -> None:
     code = "import sys; sys._is_gil_enabled = lambda: True; import loopbridge; print('ok')"
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
-    )
+    proc = _import_in_a_new_process(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def _import_in_a_new_process(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
