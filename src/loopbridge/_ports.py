@@ -149,7 +149,8 @@ class Port:
         # The loop that owes this port a deferred wake, if any.
         self._deferred_by: Port | None = None
         # Operations that callers on *this* loop are parked on; a tick is
-        # scheduled exactly while it is non-empty (loop thread only).
+        # scheduled exactly while it is non-empty (loop thread only).  Never
+        # rebound: wakers hold its bound discard.
         self.waiting: set[Any] = set()
         self._tick_handle: asyncio.TimerHandle | None = None
         # The thread last seen running this loop: for liveness (a stopped loop

@@ -70,7 +70,7 @@ class _PortWaker:
 class LoopWaker(_PortWaker):
     """A caller on an asyncio loop: waiters are futures of that loop."""
 
-    __slots__ = ("loop", "new_future")
+    __slots__ = ("loop", "new_future", "unpark")
 
     cancelled: type[BaseException] = asyncio.CancelledError
 
@@ -78,6 +78,9 @@ class LoopWaker(_PortWaker):
         super().__init__(port, _resolve_future)
         loop: asyncio.AbstractEventLoop = port.loop
         self.loop = loop
+        # The caller resumed: it no longer waits on the operation.  The set's
+        # own discard, bound once: no Python frame per call.
+        self.unpark: Callable[[Operation], None] = port.waiting.discard
         # Stock asyncio's create_future() is a Python frame around the C
         # Future: build that directly, unless the loop makes its own futures.
         self.new_future: Callable[[], asyncio.Future[None]] = (
@@ -105,10 +108,6 @@ class LoopWaker(_PortWaker):
         fut = op.waiter = self.new_future()
         self.port.park(op)
         return fut
-
-    def unpark(self, op: Operation) -> None:
-        """The caller resumed: it no longer waits on ``op``."""
-        self.port.waiting.discard(op)
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
