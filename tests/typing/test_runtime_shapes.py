@@ -21,9 +21,9 @@ from loopbridge import LoopAffinityError, LoopThread, adopt, blocking, proxy
 from loopbridge._streams import BlockingStream
 
 
-def _load_models() -> ModuleType:
-    path = Path(__file__).parent / "cases" / "_models.py"
-    spec = importlib.util.spec_from_file_location("loopbridge_typing_models", path)
+def _load_models(name: str = "_models") -> ModuleType:
+    path = Path(__file__).parent / "cases" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"loopbridge_typing_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -61,6 +61,31 @@ def test_proxy_is_the_class_with_the_same_signatures(owner: LoopThread) -> None:
         # The blocking face takes the same arguments (it returns the awaited
         # value, or a BlockingStream for an async generator).
         assert _own_signature(getattr(b, name)).parameters == want.parameters, name
+
+
+def test_special_methods_keep_their_signatures(owner: LoopThread) -> None:
+    dunders = _load_models("case_dunders")
+    cases = [
+        (dunders.Scorer, (), "__call__"),
+        (dunders.Countdown, (2,), "__anext__"),
+        (dunders.Session, (), "__aenter__"),
+        (dunders.Session, (), "__aexit__"),
+    ]
+    for cls, args, name in cases:
+        p = proxy(_make(owner, cls, *args))
+        want = _own_signature(getattr(cls, name))
+        # The proxy's own member (an inherited one would run off the owner).
+        assert getattr(type(p), name) is not getattr(cls, name), name
+        # Python looks special methods up on the type: that is what must be exact.
+        got = _own_signature(getattr(type(p), name))
+        assert got == want, f"{cls.__name__}.{name}: {got} != {want}"
+
+    async def foreign() -> None:
+        assert await proxy(_make(owner, dunders.Scorer))("abc", scale=2.0) == 6.0
+        assert [n async for n in proxy(_make(owner, dunders.Countdown, 2))] == [1, 0]
+        assert [w async for w in proxy(_make(owner, dunders.Words))] == ["a"]
+
+    asyncio.run(foreign())
 
 
 def _own_signature(member: Any) -> inspect.Signature:
