@@ -233,14 +233,17 @@ class Operation:
         return True
 
     # -- any thread ------------------------------------------------------------
-    def settle(self, outcome: Outcome, value: Any) -> None:
-        """Record the outcome and wake the caller, if no one has settled it yet."""
-        owner = self.owner
-        if owner is not None and owner.leave(self):
-            self.record(outcome, value)
+    def settle(self, outcome: Outcome, value: Any, latched: bool = False) -> None:
+        """Record the outcome and wake the caller, if no one has settled it yet.
 
-    def record(self, outcome: Outcome, value: Any) -> None:
-        """Record the outcome and wake the caller: only the latch's winner calls this."""
+        ``latched``: the caller already won the settle latch (``Port.leave``),
+        as owner death and a failed re-route do.  One body for both, inlined
+        rather than split into two methods, as it runs once per operation.
+        """
+        if not latched:
+            owner = self.owner
+            if owner is None or not owner.leave(self):
+                return
         self.value = value
         self.t_end = _perf()
         self.outcome = outcome  # last: readers on other threads test it first
@@ -249,7 +252,7 @@ class Operation:
 
     def owner_died(self, exc: BaseException) -> None:
         """The owner's port took this operation out of its in-flight set: fail it."""
-        self.record(ERROR, exc)
+        self.settle(ERROR, exc, latched=True)
 
     def raise_outcome(self) -> Any:
         """Return the value or raise the owner's exception (caller side)."""
@@ -309,7 +312,7 @@ def start_on_owner(op: Operation) -> None:
             try:
                 op.route()
             except BaseException as exc:  # registered nowhere now: record here
-                op.record(ERROR, exc)
+                op.settle(ERROR, exc, latched=True)
         return
     if op.cancel is REQUESTED:
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))

@@ -25,6 +25,10 @@ class Outcome(enum.Enum):
     ERROR = "error"  # raised, or the owner loop died
     CANCELLED = "cancelled"
 
+    # Identity hash, a C slot: the counters are keyed by outcome and looked up
+    # once per operation, and Enum's own __hash__ is a Python frame.
+    __hash__ = object.__hash__
+
 
 class Cancel(enum.Enum):
     """Whether the caller asked for the owner side to be cancelled."""

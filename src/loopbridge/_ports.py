@@ -116,7 +116,7 @@ class Port:
         "_keeper",
         "_deferred_by",
         "waiting",
-        "_tick_handle",
+        "tick",
         "thread_id",
         "_wakes",
         "waker",
@@ -152,7 +152,8 @@ class Port:
         # scheduled exactly while it is non-empty (loop thread only).  Never
         # rebound: wakers hold its bound discard.
         self.waiting: set[Any] = set()
-        self._tick_handle: asyncio.TimerHandle | None = None
+        # The liveness tick's timer, exactly while ``waiting`` is non-empty.
+        self.tick: asyncio.TimerHandle | None = None
         # The thread last seen running this loop: for liveness (a stopped loop
         # whose thread has ended is dead) and hang dumps (uvloop has no _thread_id).
         self.thread_id: int | None = None
@@ -336,8 +337,12 @@ class Port:
         without cancelling its tasks.
         """
         self.waiting.add(op)
-        if self._tick_handle is None:
-            self._tick_handle = self.loop.call_later(LIVENESS_INTERVAL, self._tick)
+        if self.tick is None:
+            self.start_tick()
+
+    def start_tick(self) -> None:
+        """Schedule the liveness tick (loop thread only; none is scheduled)."""
+        self.tick = self.loop.call_later(LIVENESS_INTERVAL, self._tick)
 
     def drain_owed(self) -> None:
         """Drain now what is queued here (this loop's own thread only).
@@ -349,14 +354,14 @@ class Port:
             self._drain()
 
     def _tick(self) -> None:
-        self._tick_handle = None
+        self.tick = None
         self.drain_owed()
         waiting = self.waiting
         for owner in {op.owner for op in list(waiting)}:
             if owner is not None:
                 owner.check_alive()
         if waiting:
-            self._tick_handle = self.loop.call_later(LIVENESS_INTERVAL, self._tick)
+            self.start_tick()
 
     # ------------------------------------------------------------ the keeper
     def _start_keeper(self, _: object = None) -> None:

@@ -70,7 +70,7 @@ class _PortWaker:
 class LoopWaker(_PortWaker):
     """A caller on an asyncio loop: waiters are futures of that loop."""
 
-    __slots__ = ("loop", "new_future", "unpark")
+    __slots__ = ("loop", "new_future", "join", "unpark")
 
     cancelled: type[BaseException] = asyncio.CancelledError
 
@@ -78,8 +78,9 @@ class LoopWaker(_PortWaker):
         super().__init__(port, _resolve_future)
         loop: asyncio.AbstractEventLoop = port.loop
         self.loop = loop
-        # The caller resumed: it no longer waits on the operation.  The set's
-        # own discard, bound once: no Python frame per call.
+        # Joining and leaving the port's waiting set: the set's own add and
+        # discard, bound once, so no Python frame per call.
+        self.join: Callable[[Operation], None] = port.waiting.add
         self.unpark: Callable[[Operation], None] = port.waiting.discard
         # Stock asyncio's create_future() is a Python frame around the C
         # Future: build that directly, unless the loop makes its own futures.
@@ -106,7 +107,12 @@ class LoopWaker(_PortWaker):
         after the caller has armed.
         """
         fut = op.waiter = self.new_future()
-        self.port.park(op)
+        # Port.park inlined, as this runs once per call: join the waiting set,
+        # and start the liveness tick if none is scheduled.
+        self.join(op)
+        port = self.port
+        if port.tick is None:
+            port.start_tick()
         return fut
 
     async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
