@@ -141,3 +141,45 @@ def test_the_commands_own_exit_takes_the_rest_of_the_group() -> None:
     parent.stdin.write("\n\n")
     parent.stdin.flush()
     assert parent.wait(EXIT_WAIT_S) == 0
+
+
+#: The benchmark's own launcher over the stand-in engine: real `vllm serve`, real EngineCore.
+_REAL_PARENT = r"""
+import json, os, sys
+from pathlib import Path
+from loopbridge_vllm.bench._group import group_members
+from loopbridge_vllm.bench._stack import EngineSpec, engine_args, prepare_model
+from loopbridge_vllm.bench._stock import StockServer
+spec = EngineSpec(None, Path(sys.argv[1]), 0.001, 4, 256)
+stock = StockServer(engine_args(spec, prepare_model(spec)), Path(sys.argv[2]))
+stock.start(dict(os.environ))
+stock.wait_ready(600)
+print(json.dumps({"pgid": stock.pgid, "server": stock.server_pid(),
+                  "members": group_members(stock.pgid)}), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_real_vllm_serve_group_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
+    log = tmp_path / "stock-server.log"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _REAL_PARENT, str(REPO / ".cache"), str(log)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert parent.stdout is not None
+    line = parent.stdout.readline()
+    assert line, f"the parent failed: {log.read_text() if log.exists() else '(no log)'}"
+    found = json.loads(line)
+    _started.append(found["pgid"])
+    members = found["members"]
+    # The guardian, vllm serve, its EngineCore (and whatever else it started).
+    assert len(members) >= 3 and found["server"] in members and members[0] == found["pgid"]
+    pidfds = {str(pid): os.pidfd_open(pid) for pid in members}
+    parent.kill()
+    parent.wait(EXIT_WAIT_S)
+    assert _wait_all_gone(pidfds, 120.0) == [], log.read_text()[-3000:]

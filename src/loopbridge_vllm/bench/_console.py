@@ -11,7 +11,7 @@ file of the phase that started it).  The report reaches the terminal through
 duplicates of the original descriptors: :attr:`Console.out` and :attr:`Console.err`.
 
 Invariants: outside the ``with`` block descriptors 1 and 2 are the caller's
-again; an exception leaving the block is preceded on the terminal by the last
+again; an exception leaving the block (but Ctrl-C) is preceded on the terminal by the last
 lines of the phase's log (an engine's root cause is often only there); a phase
 log still empty at the end is removed.  ``Console(None)`` changes nothing (``--show-logs``).
 """
@@ -108,7 +108,8 @@ class Console:
             os.close(fd)
         self._saved = None
         # The traceback itself follows from the interpreter, on the restored stderr.
-        lines = tail(self.current) if exc is not None else []
+        failed = exc is not None and not isinstance(exc, KeyboardInterrupt)
+        lines = tail(self.current) if failed else []
         if lines:
             self.say(f"bench: failed; the last {len(lines)} lines of {self.current}:")
             for line in lines:
