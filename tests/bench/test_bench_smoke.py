@@ -313,8 +313,9 @@ def _check_terminal_output(
         "Against `stock`" not in proc.stdout
         and "Against `stock`" in (out / "latency.md").read_text()
     )
-    assert lines[-2].startswith("wrote (") and str(out / "latency.md") in lines[-2]
-    assert lines[-1].startswith("logs: ") and str(unsafe_log) in lines[-1]
+    last = proc.stdout.splitlines()[-2:]
+    assert last[0].startswith("wrote (") and str(out / "latency.md") in last[0]
+    assert last[1].startswith("logs: ") and str(unsafe_log) in last[1]
     # The line budget: a few fixed lines, then per scenario a headline, its table rows and
     # at most one line of missed targets. The default run (6 scenarios, 24 rows) stays
     # under 80 lines.

@@ -703,7 +703,6 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         eargs = engine_args(_placed(spec, placement["stock"]), model_dir)
         stock = StockServer(eargs, (console.log_dir or out) / STOCK_LOG)
         check_stock_argv(stock.argv, eargs)  # before anything starts: same engine, known flags
-        console.add(stock.log_path)
     load_proc = LoadProcess()
     stack = Stack(_placed(spec, placement["threaded"]) if threaded else spec, threaded)
 
@@ -817,6 +816,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                 env = dict(os.environ, **placement[engine].env)
                 env["VLLM_LOGGING_LEVEL"] = "INFO"  # its log states its KV-cache size
                 stock.start(env)
+                console.add(stock.log_path)
                 stock.wait_ready(args.stock_timeout)
                 event(engine, "ready")
                 kv[engine] = stock.kv_cache()
