@@ -15,7 +15,7 @@
 #                 locally into .cache/tiny-model, random weights, bfloat16)
 #   --out DIR     results (default results/gpu-latency): latency.json, latency.md,
 #                 correctness.json, correctness.md, latency_cdf.png, latency_itl.png,
-#                 latency_p99.png, stock-server.log
+#                 latency_p99.png, and the engine and server logs under logs/
 #   --dry-run     check the arguments, resolve the model, place the engines on the
 #                 GPUs, build the engine arguments and the stock command line (parsed
 #                 by vLLM's own parser), print the plan and start nothing; needs no GPU

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,7 +153,6 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
         str(REPO / ".cache"),
         "--out",
         str(out),
-        "--no-progress",
     ]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=400, cwd=REPO, env=_src_env()
@@ -247,7 +248,84 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     assert ours["ok"] == 16 and ours["engine_alive"] and ours["foreign_sets"] == 0
     race_md = (out / "correctness.md").read_text()
     assert version in race_md and "| unsafe | " in race_md
-    assert race_md.strip() in proc.stdout and table.strip() in proc.stdout
+    _check_terminal_output(proc, out, result, len(scenarios))
+
+
+#: What an engine, server or Python warning line starts with, or contains.
+_LOG_LINE = re.compile(
+    r"^\((EngineCore|MainProcess|APIServer)[^)]*\)|^(INFO|WARNING|ERROR|DEBUG)[: ]|"
+    r"Traceback \(most recent call last\)|Warning:|^\s+File \""
+)
+#: One state of a tqdm bar, as written to a pipe (separated by carriage returns).
+_BAR = re.compile(r"\d+/\d+ \[[^\]]*\]\s*$")
+
+
+def _terminal_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """Every line the run printed, stdout and stderr, without the progress bar's states."""
+    lines = proc.stdout.splitlines()
+    for line in proc.stderr.split("\n"):
+        kept = [seg for seg in line.split("\r") if seg.strip() and not _BAR.search(seg)]
+        lines += kept
+    return lines
+
+
+def _check_terminal_output(
+    proc: subprocess.CompletedProcess[str], out: Path, result: dict[str, Any], n_scenarios: int
+) -> None:
+    """The main job's terminal: setup lines, the bar, verdicts, the table, where the files are;
+    every engine and server log in a file under OUT/logs/."""
+    logs = out / "logs"
+    lines = _terminal_lines(proc)
+    assert not [line for line in lines if _LOG_LINE.search(line)], "\n".join(lines)
+    assert f"bench: engine and server logs go to {logs}/" in proc.stderr
+    assert "it/s]" not in proc.stderr  # no bar but the benchmark's own (model shards)
+    # One verdict line per outcome, naming what happened and the log that shows it.
+    unsafe = [line for line in lines if line.startswith("correctness, unsafe (raw engine")]
+    ours = [line for line in lines if line.startswith("correctness, loopbridge (engine proxy)")]
+    unsafe_log = logs / "correctness-unsafe.log"
+    ours_log = logs / "correctness-loopbridge.log"
+    assert len(unsafe) == 1 and len(ours) == 1, "\n".join(lines)
+    assert "failed as expected: RuntimeError: deque mutated during iteration" in unsafe[0]
+    assert unsafe[0].endswith(f"see {unsafe_log}")
+    assert "passed as expected: every request completed (16 of 16)" in ours[0]
+    assert ours[0].endswith(f"see {ours_log}")
+    # The logs hold what the terminal no longer shows: the intended crash, the engines'
+    # start-up (this process's, its EngineCore's, vllm serve's) and the servers.
+    crash = unsafe_log.read_text()
+    assert "deque mutated during iteration" in crash and "Traceback" in crash
+    assert "(EngineCore" in ours_log.read_text()
+    assert "(EngineCore" in (logs / "stock-server.log").read_text()
+    assert (logs / "latency-threaded.log").exists()
+    assert sorted(p.name for p in logs.iterdir()) == sorted(
+        [
+            "correctness-loopbridge.log",
+            "correctness-unsafe.log",
+            "latency-threaded.log",
+            "stock-server.log",
+            *(["setup.log"] if (logs / "setup.log").exists() else []),
+        ]
+    )
+    # The table and the headlines are on the terminal; the ratio and target tables in the file.
+    rows = [line for line in lines if line.startswith("| ")]
+    assert len(rows) == len(result["rows"]) + 1  # the header, then one per scenario and mode
+    assert all(line in proc.stdout for line in result["headlines"])
+    assert (
+        "Against `stock`" not in proc.stdout
+        and "Against `stock`" in (out / "latency.md").read_text()
+    )
+    last = proc.stdout.splitlines()[-2:]
+    assert last[0].startswith("wrote (") and str(out / "latency.md") in last[0]
+    assert last[1].startswith("logs: ") and str(unsafe_log) in last[1]
+    # The line budget: a few fixed lines, then per scenario a headline, its table rows and
+    # at most one line of missed targets. The default run (6 scenarios, 24 rows) stays
+    # under 80 lines.
+    assert len(lines) <= _budget(n_scenarios, len(result["rows"])), "\n".join(lines)
+    assert _budget(6, 24) < 80
+
+
+def _budget(scenarios: int, rows: int) -> int:
+    # setup line, 2 verdicts, the setting, 3 table-header lines, targets, wrote, logs, blanks
+    return 16 + 2 * scenarios + rows
 
 
 GPU_BENCH = REPO / "scripts" / "gpu-bench.sh"

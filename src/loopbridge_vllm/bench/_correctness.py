@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ._amplifier import CollectorSetHold
+from ._console import tail
 from ._load import Job, LoadProcess
 from ._report import versions_line
 from ._stack import EngineSpec, Stack
 
-__all__ = ["Outcome", "Verdict", "correctness_markdown", "run_correctness"]
+__all__ = ["Outcome", "Verdict", "correctness_markdown", "run_correctness", "verdict_lines"]
 
 _RACE_ERROR = "deque mutated during iteration"
 _HANDLER_LOGGER = "vllm.v1.engine.async_llm"  # where the output handler logs its death
@@ -52,6 +55,7 @@ class Outcome:
     overlaps: int  # ... held until that waiter ran
     verdict: Verdict
     expected: bool = False  # the verdict this mode should get (BROKEN raw, SAFE ours)
+    log: str | None = None  # the file with this run's engine and server logs
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -79,24 +83,36 @@ def run_correctness(
     timeout_s: float,
     first_id: int = 0,
     kv: dict[str, Any] | None = None,
+    log: Callable[[str], Path | None] | None = None,
 ) -> list[Outcome]:
     """Run loopbridge, then the raw engine, with the amplifier on; the engine is gone after.
 
     Its ``2 * requests`` prompts are the run's requests ``first_id`` onwards;
-    ``kv`` receives the engine's KV-cache size.
+    ``kv`` receives the engine's KV-cache size.  ``log(name)``, when given, sends
+    what is logged from then on to the file it returns: ``correctness-loopbridge``
+    (the engine's start-up and loopbridge's run) and ``correctness-unsafe`` (the
+    raw engine's run, its crash and the shutdown).
     """
+    files: dict[str, Path | None] = {}
+
+    def phase(mode: str) -> None:
+        files[mode] = log(f"correctness-{mode}") if log is not None else None
+
     stack = Stack(
         replace(spec, max_num_seqs=max(spec.max_num_seqs, concurrency)), ("loopbridge", "unsafe")
     )
     errors = _Errors()
     handler_log = logging.getLogger(_HANDLER_LOGGER)
     outcomes: list[Outcome] = []
+    phase("loopbridge")
     stack.start()
     if kv is not None:
         kv.update(stack.kv_cache())
     try:
         handler_log.addHandler(errors)
         for n, mode in enumerate(("loopbridge", "unsafe")):
+            if mode not in files:
+                phase(mode)
             job = Job(
                 url=stack.url(mode),
                 model=stack.served_name,
@@ -136,12 +152,57 @@ def run_correctness(
                     overlaps=hook.overlaps,
                     verdict=verdict,
                     expected=expected,
+                    log=None if files[mode] is None else str(files[mode]),
                 )
             )
     finally:
         handler_log.removeHandler(errors)
         stack.stop()
     return outcomes
+
+
+#: What each mode is, in the verdict lines.
+_MODE_NAMES = {
+    "unsafe": "unsafe (raw engine shared across loops)",
+    "loopbridge": "loopbridge (engine proxy)",
+}
+
+
+def verdict_lines(outcomes: list[Outcome]) -> list[str]:
+    """One line per outcome for the terminal; an unexpected one also shows its log's end."""
+    lines = []
+    for o in outcomes:
+        name = _MODE_NAMES.get(o.mode, o.mode)
+        where = f"see {o.log}" if o.log else "its log is in the output above"
+        counts = f"{o.ok} of {o.requests} requests completed"
+        if o.verdict is Verdict.BROKEN:
+            text = (
+                f"failed as expected: {o.handler_error}; engine dead, {counts}, "
+                f"{o.overlaps} wake-ups held by the amplifier"
+            )
+        elif o.verdict is Verdict.SAFE:
+            text = (
+                f"passed as expected: every request completed ({o.ok} of {o.requests}), "
+                "engine healthy"
+            )
+        elif o.verdict is Verdict.NOT_REPRODUCED:
+            text = (
+                f"UNEXPECTED: {o.verdict.value} ({counts}, engine "
+                f"{'healthy' if o.engine_alive else 'dead'}, output handler "
+                f"{o.handler_error or 'running'}, {o.overlaps} of {o.collector_sets} "
+                "wake-ups held)"
+            )
+        else:
+            text = (
+                f"UNEXPECTED: {o.verdict.value}: {o.errors} of {o.requests} requests failed "
+                f"(e.g. {'; '.join(o.error_examples) or '-'}), engine "
+                f"{'healthy' if o.engine_alive else 'dead'}, output handler "
+                f"{o.handler_error or 'running'}"
+            )
+        lines.append(f"correctness, {name}: {text}; {where}")
+        if not o.expected and o.log:
+            lines += [f"  | {line}" for line in tail(Path(o.log), 15)]
+    return lines
 
 
 def correctness_markdown(outcomes: list[Outcome], meta: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ __all__ = [
     "scenario_key",
     "summarize",
     "target_checks",
+    "terminal_report",
     "versions_line",
 ]
 
@@ -240,6 +241,61 @@ def headlines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """``latency.md``: the setting, headlines, the table, the ratios, the targets, the command."""
+    lines = _intro(rows, meta)
+    lines += [
+        "",
+        "Against `stock` (`vllm serve`) in the same scenario, measured interleaved:",
+        "",
+        "| scenario | mode | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 "
+        "| ITL max | e2e p50 | e2e p99 | req/s | CPU/req | e2e p99 vs per-hop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["mode"] == "stock":
+            continue
+        cells = [_x(r.get(f"{stat}_vs_stock")) for stat in _COMPARED[:-2]]
+        lines.append(
+            f"| {r['scenario']} | {r['mode']} | {' | '.join(cells)} | "
+            f"{_x(r.get('e2e_p50_vs_stock'))} | {_x(r.get('p99_vs_stock'))} | "
+            f"{_x(r.get('rate_vs_stock'))} | {_x(r.get('cpu_per_request_vs_stock'))} | "
+            f"{_x(r.get('p99_vs_perhop'))} |"
+        )
+    checks = target_checks(rows)
+    if checks:
+        met = sum(1 for c in checks if c["met"])
+        lines += [
+            "",
+            f"Targets: {met} of {len(checks)} met.",
+            "",
+            "| scenario | target (loopbridge) | measured | met |",
+            "|---|---|---|---|",
+        ]
+        for c in checks:
+            lines.append(
+                f"| {c['scenario']} | {c['what']} | {c['value']} | {'yes' if c['met'] else '**no**'} |"
+            )
+    lines += ["", f"Command: `python -m loopbridge_vllm.bench {' '.join(meta['argv'])}`".rstrip()]
+    return "\n".join(lines)
+
+
+def terminal_report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    """The terminal's share of :func:`markdown`: the setting, the headlines, the table, and
+    the targets missed, one line per scenario (the ratios and every target: latency.md)."""
+    lines = _intro(rows, meta)
+    checks = target_checks(rows)
+    if checks:
+        met = sum(1 for c in checks if c["met"])
+        lines += ["", f"Targets: {met} of {len(checks)} met (every ratio and target: latency.md)."]
+        missed: dict[str, list[str]] = {}
+        for c in checks:
+            if not c["met"]:
+                missed.setdefault(c["scenario"], []).append(f"{c['what']} ({c['value']})")
+        lines += [f"  missed in {sc}: {', '.join(whats)}" for sc, whats in missed.items()]
+    return lines
+
+
+def _intro(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     lengths = meta.get("lengths", "fixed")
     if lengths == "fixed":
         shape = f"Prompt {meta['prompt_len']} tokens, output {meta['output_len']} tokens"
@@ -283,40 +339,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{_three(r, 'tpot')} | {_three(r, 'itl')} | {_three(r, 'e2e')} | "
             f"{_ms(r['cpu_per_request'])} | {err} |"
         )
-    lines += [
-        "",
-        "Against `stock` (`vllm serve`) in the same scenario, measured interleaved:",
-        "",
-        "| scenario | mode | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 "
-        "| ITL max | e2e p50 | e2e p99 | req/s | CPU/req | e2e p99 vs per-hop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        if r["mode"] == "stock":
-            continue
-        cells = [_x(r.get(f"{stat}_vs_stock")) for stat in _COMPARED[:-2]]
-        lines.append(
-            f"| {r['scenario']} | {r['mode']} | {' | '.join(cells)} | "
-            f"{_x(r.get('e2e_p50_vs_stock'))} | {_x(r.get('p99_vs_stock'))} | "
-            f"{_x(r.get('rate_vs_stock'))} | {_x(r.get('cpu_per_request_vs_stock'))} | "
-            f"{_x(r.get('p99_vs_perhop'))} |"
-        )
-    checks = target_checks(rows)
-    if checks:
-        met = sum(1 for c in checks if c["met"])
-        lines += [
-            "",
-            f"Targets: {met} of {len(checks)} met.",
-            "",
-            "| scenario | target (loopbridge) | measured | met |",
-            "|---|---|---|---|",
-        ]
-        for c in checks:
-            lines.append(
-                f"| {c['scenario']} | {c['what']} | {c['value']} | {'yes' if c['met'] else '**no**'} |"
-            )
-    lines += ["", f"Command: `python -m loopbridge_vllm.bench {' '.join(meta['argv'])}`".rstrip()]
-    return "\n".join(lines)
+    return lines
 
 
 def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -360,6 +383,10 @@ def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _ms_tick(value: float, _pos: int) -> str:
+    return f"{value:g}"
+
+
 def plot(
     records: list[dict[str, Any]],
     rows: list[dict[str, Any]],
@@ -376,6 +403,7 @@ def plot(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     out: list[Path] = []
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
@@ -458,7 +486,13 @@ def plot(
             f"{'busy' if busy else 'idle'} owner loop{', chat' if endpoint == 'chat' else ''}"
         )
         ax.set_xlabel("concurrency (kept-alive connections)")
-        ax.set_ylabel("p99 latency (ms)")
+        ax.set_ylabel("p99 latency (ms, log scale)")
+        # Log latency: c = 1 and 16 stay readable next to c = 64, and equal ratios
+        # between modes look equal at every concurrency.
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_ms_tick))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xscale("log", base=2)
         cs = sorted({r["concurrency"] for r in mine})
         ax.set_xticks(cs, [str(c) for c in cs])

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ._correctness import Outcome, correctness_markdown, run_correctness
+from ._console import Console, tail
+from ._correctness import Outcome, correctness_markdown, run_correctness, verdict_lines
 from ._devices import Gpu, Placement, detect_gpus, parse_fake_gpus, place_engines, startup_order
 from ._load import (
     ENDPOINTS,
@@ -25,7 +26,16 @@ from ._load import (
     length_bounds,
     request_lengths,
 )
-from ._report import _rec_key, headlines, markdown, plot, scenario_key, summarize, target_checks
+from ._report import (
+    _rec_key,
+    headlines,
+    markdown,
+    plot,
+    scenario_key,
+    summarize,
+    target_checks,
+    terminal_report,
+)
 from ._stack import THREADED_MODES, BusyLoad, EngineSpec, Stack, engine_args, prepare_model
 from ._stock import StockServer, check_stock_argv, stock_argv
 
@@ -248,6 +258,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    ap.add_argument(
+        "--show-logs",
+        action="store_true",
+        help="engine and server logs on the terminal, as they come (default: files under "
+        "OUT/logs/, one per phase, and only the report on the terminal)",
+    )
     ap.add_argument(
         "--correctness",
         choices=("on", "off"),
@@ -623,8 +639,16 @@ def _placement_json(p: Placement) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    # vLLM logs every engine step detail at INFO; keep the progress bar readable.
+#: The log files of a run, under ``OUT/logs/`` (see ``docs/performance.md``).
+SETUP_LOG = "setup"  # this process while it builds the model
+THREADED_LOG = "latency-threaded"  # the latency engine and its three threaded servers
+STOCK_LOG = "stock-server.log"  # `vllm serve` and its EngineCore
+
+
+def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, Any]:
+    """The run; ``console`` routes its logs to files (none: they stay where they are)."""
+    console = console or Console(None)
+    # vLLM logs every engine step detail at INFO; keep the logs to what matters.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     spec = _spec(args)
     load = BusyLoad(
@@ -657,7 +681,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     capacity: dict[str, float] = {}
     next_id = 0  # the run-wide number of the next request: every prompt is unique
     race_s = 0.0
-    bar = _progress(total, args.progress)
+    bar = _progress(total, args.progress, console.err)
+
+    def note(text: str) -> None:
+        bar.write(text, file=console.err)
+
     t_start = time.perf_counter()
 
     def event(engine: str, what: str) -> None:
@@ -668,11 +696,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # One line per finished job, so a crash of the process under test (the
     # unsafe mode can abort it) keeps what was measured so far.
     partial = (out / "latency.partial.jsonl").open("w")
+    console.phase(SETUP_LOG)
     model_dir = prepare_model(spec)  # also the environment both servers' engines inherit
     stock = None
     if "stock" in modes:
         eargs = engine_args(_placed(spec, placement["stock"]), model_dir)
-        stock = StockServer(eargs, out / "stock-server.log")
+        stock = StockServer(eargs, (console.log_dir or out) / STOCK_LOG)
         check_stock_argv(stock.argv, eargs)  # before anything starts: same engine, known flags
     load_proc = LoadProcess()
     stack = Stack(_placed(spec, placement["threaded"]) if threaded else spec, threaded)
@@ -739,11 +768,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             partial.flush()
             bar.update(n)
             if died and mode == "stock":
-                raise RuntimeError(
-                    f"vllm serve exited during the run; see {stock.log_path if stock else '-'}"
+                log = stock.log_path if stock else None
+                last = "\n".join(f"  | {line}" for line in tail(log))
+                raise RuntimeError(f"vllm serve exited during the run; the end of {log}:\n{last}")
+            if died and mode == "unsafe":
+                # Its race, without the amplifier: possible, so reported, not fatal.
+                note(
+                    f"unsafe: the raw engine died during {sc.key} (the race, unprovoked); "
+                    f"restarting the stack; see {console.current or 'the output above'}"
                 )
+            elif died:
+                note(f"UNEXPECTED: the engine died during {mode} ({sc.key}); restarting the stack")
+                for line in tail(console.current, 15):
+                    note(f"  | {line}")
             if died:
-                bar.write(f"engine died during {mode} ({sc.key}); restarting the stack")
                 stack.restart()
                 if sc.busy:
                     stack.set_busy(load)
@@ -766,20 +804,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     timeout_s=min(args.timeout, 30.0),
                     first_id=next_id,
                     kv=kv.setdefault(engine, {}),
+                    log=console.phase,
                 )
                 next_id += 2 * args.race_requests
                 race_s = time.perf_counter() - t_race
                 event(engine, "stopped")
             elif engine == "stock" and stock is not None:
+                console.phase(THREADED_LOG)  # this process's side, while vllm serve starts
                 bar.set_description("starting vllm serve")
                 event(engine, "start")
                 env = dict(os.environ, **placement[engine].env)
                 env["VLLM_LOGGING_LEVEL"] = "INFO"  # its log states its KV-cache size
                 stock.start(env)
+                console.add(stock.log_path)
                 stock.wait_ready(args.stock_timeout)
                 event(engine, "ready")
                 kv[engine] = stock.kv_cache()
             elif engine == "threaded":
+                console.phase(THREADED_LOG)
                 bar.set_description("starting engine and servers")
                 event(engine, "start")
                 stack.start()
@@ -805,7 +847,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if rates:
                     capacity[cap.key] = statistics.median(rates)
                 else:
-                    bar.write(f"no capacity measured for {cap.key} ({base}); skipping {sc.key}")
+                    note(f"no capacity measured for {cap.key} ({base}); skipping {sc.key}")
             for rnd in range(total_rounds):
                 for j, sc in enumerate(open_):
                     cap_rps = capacity.get(_capacity_scenario(args, sc).key)
@@ -923,19 +965,19 @@ class _NoBar:
     def reset(self, total: int) -> None:
         pass
 
-    def write(self, text: str) -> None:
-        print(text, file=sys.stderr)
+    def write(self, text: str, file: Any = None) -> None:
+        print(text, file=file or sys.stderr, flush=True)
 
     def close(self) -> None:
         pass
 
 
-def _progress(total: int, enabled: bool) -> Any:
+def _progress(total: int, enabled: bool, file: Any) -> Any:
     if not enabled:
         return _NoBar()
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    return tqdm(total=total, unit="req", dynamic_ncols=True, file=sys.stderr)
+    return tqdm(total=total, unit="req", dynamic_ncols=True, file=file)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -946,31 +988,43 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(json.dumps(plan, indent=1))
         print("dry run: nothing started", file=sys.stderr)
         return plan
-    result = run(args)
     out: Path = args.out
-    meta = result["meta"]
-    outcomes: list[Outcome] = result.pop("correctness")
-    written = []
-    if outcomes:
-        race = correctness_markdown(outcomes, meta)
-        (out / "correctness.json").write_text(
-            json.dumps({"meta": meta, "outcomes": [o.as_json() for o in outcomes]}, indent=1)
+    console = Console(None if args.show_logs else out / "logs")
+    if console.log_dir is not None:
+        print(
+            f"bench: engine and server logs go to {console.log_dir}/, one file per phase "
+            "(--show-logs: on the terminal instead)",
+            file=sys.stderr,
         )
-        (out / "correctness.md").write_text(race + "\n")
-        written += [out / "correctness.json", out / "correctness.md"]
-        print(race + "\n")
-    table = markdown(result["rows"], meta)
-    (out / "latency.json").write_text(json.dumps(result, indent=1))
-    (out / "latency.md").write_text(table + "\n")
-    written += [out / "latency.json", out / "latency.md"]
-    if args.plots:
-        plots_dir: Path = args.plots_dir or out
-        plots_dir.mkdir(parents=True, exist_ok=True)
-        kinds = {"both": "streaming and not", "on": "streaming", "off": "non-streaming"}
-        title = f"{kinds[args.stream]}, {args.output_len} output tokens"
-        written += plot(result["records"], result["rows"], plots_dir, title, meta)
-    print(table)
-    print(f"\nwrote {', '.join(map(str, written))} ({meta['elapsed_s']:.0f} s)")
-    for line in result["headlines"]:
-        print(line)
+    with console:
+        result = run(args, console)
+        # Plotting and writing may warn too: still into the log of the last phase.
+        meta = result["meta"]
+        outcomes: list[Outcome] = result.pop("correctness")
+        written = []
+        if outcomes:
+            race = correctness_markdown(outcomes, meta)
+            (out / "correctness.json").write_text(
+                json.dumps({"meta": meta, "outcomes": [o.as_json() for o in outcomes]}, indent=1)
+            )
+            (out / "correctness.md").write_text(race + "\n")
+            written += [out / "correctness.json", out / "correctness.md"]
+        (out / "latency.json").write_text(json.dumps(result, indent=1))
+        (out / "latency.md").write_text(markdown(result["rows"], meta) + "\n")
+        written += [out / "latency.json", out / "latency.md"]
+        if args.plots:
+            plots_dir: Path = args.plots_dir or out
+            plots_dir.mkdir(parents=True, exist_ok=True)
+            kinds = {"both": "streaming and not", "on": "streaming", "off": "non-streaming"}
+            title = f"{kinds[args.stream]}, {args.output_len} output tokens"
+            written += plot(result["records"], result["rows"], plots_dir, title, meta)
+    # The report, on the terminal: verdicts, the table, where everything is.
+    lines = verdict_lines(outcomes)
+    if lines:
+        lines.append("")
+    lines += terminal_report(result["rows"], meta)
+    lines += ["", f"wrote ({meta['elapsed_s']:.0f} s): {', '.join(map(str, written))}"]
+    if console.logs:
+        lines.append(f"logs: {', '.join(map(str, console.logs))}")
+    print("\n".join(lines), flush=True)
     return result

@@ -9,8 +9,10 @@ dtype and, on CPU, the same stand-in executor through
 ``--distributed-executor-backend``; the child imports it through
 ``PYTHONPATH``, which ``cpu_engine_env`` sets).
 
-The process leads a process group of its own, so that stopping it also reaches the
-EngineCore it spawned: nothing is left running after :meth:`StockServer.stop`.
+It runs in a process group of its own, under the guardian of :mod:`._group`:
+stopping it also reaches the EngineCore it spawned, and the whole group dies
+with the benchmark, even when the benchmark is killed: nothing is left running
+after :meth:`StockServer.stop` or after the benchmark's process.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from ._group import group_members, parent_of, spawn_group
 
 __all__ = ["StockServer", "StockStartError", "stock_argv"]
 
@@ -125,20 +129,29 @@ class StockServer:
         self.command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *self.argv]
         self.log_path = log_path
         self.version: str | None = None  # what the server's own /version reports
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None  # the group's guardian
+        self._server_pid: int | None = None
         self._log: IO[bytes] | None = None
 
     def start(self, env: dict[str, str]) -> StockServer:
+        """Start it (from the thread that will stop it: see :mod:`._group`)."""
         self._log = self.log_path.open("wb")
-        self._proc = subprocess.Popen(
-            self.command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # one process group: the server and its EngineCore
-        )
+        self._proc = spawn_group(self.command, env=env, stdout=self._log)
         return self
+
+    @property
+    def pgid(self) -> int | None:
+        """Its process group: the guardian, the server and the server's children."""
+        return None if self._proc is None else self._proc.pid
+
+    def server_pid(self) -> int | None:
+        """The ``vllm serve`` process itself (the guardian's child)."""
+        if self._server_pid is None and self._proc is not None:
+            guardian = self._proc.pid
+            self._server_pid = next(
+                (p for p in group_members(guardian) if parent_of(p) == guardian), None
+            )
+        return self._server_pid
 
     def wait_ready(self, timeout: float) -> None:
         import httpx
@@ -168,10 +181,11 @@ class StockServer:
 
     def cpu_seconds(self) -> float:
         """CPU seconds the server process (not its EngineCore) has used so far (Linux)."""
-        if self._proc is None:
+        pid = self.server_pid()
+        if pid is None:
             return 0.0
         try:
-            stat = Path(f"/proc/{self._proc.pid}/stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return 0.0
         # After the parenthesized command name: utime and stime are fields 14 and 15.
@@ -189,7 +203,8 @@ class StockServer:
             return "(no log)"
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (vLLM's own clean shutdown), then SIGKILL the whole group if needed."""
+        """SIGTERM (vLLM's own clean shutdown, through the guardian), then SIGKILL the whole
+        group if needed."""
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
