@@ -64,14 +64,24 @@ _PY311 = sys.version_info >= (3, 11)
 class Options:
     """A proxy's settings, shared by every call and stream made through it."""
 
-    __slots__ = ("ownership", "metrics", "window", "grace", "eager")
+    __slots__ = ("ownership", "metrics", "window", "grace", "eager", "shape")
 
-    def __init__(self, ownership: Ownership, window: int, grace: float, eager: bool) -> None:
+    def __init__(
+        self,
+        ownership: Ownership,
+        window: int,
+        grace: float,
+        eager: bool,
+        shape: Callable[[Any, Any], Any] | None = None,
+    ) -> None:
         self.ownership = ownership
         self.metrics: Metrics = ownership.metrics
         self.window = window
         self.grace = grace
         self.eager = eager
+        # How the owner hands back a call's non-plain result (the proxy layer's
+        # rules for returned objects); None: as it is.
+        self.shape = shape
 
 
 def annotate(exc: BaseException, description: str, owner: Port) -> None:
@@ -318,7 +328,22 @@ def start_on_owner(op: Operation) -> None:
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))
         return
     op.t_start = _perf()
+    _forget_caller_library(op.ctx)
     op.task = op.launch(loop)
+
+
+def _forget_caller_library(ctx: contextvars.Context) -> None:
+    """The owner runs asyncio, whatever the caller runs.
+
+    The caller's context crosses (request ids, tracing), but a trio caller's
+    context also says "trio" to sniffio, and libraries that pick their I/O
+    backend with sniffio (httpx through httpcore, anyio) would then use trio's
+    primitives on the owner's asyncio loop.  So that one variable is cleared in
+    the owner's copy, and sniffio looks at the running loop instead.
+    """
+    var = getattr(sys.modules.get("sniffio"), "current_async_library_cvar", None)
+    if isinstance(var, contextvars.ContextVar) and ctx.get(var) is not None:
+        ctx.run(var.set, None)
 
 
 def cancel_on_owner(op: Operation) -> None:
