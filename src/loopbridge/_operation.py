@@ -105,6 +105,10 @@ class Waker(Protocol):
     @property
     def thread_id(self) -> int | None: ...
 
+    #: The caller's context names another async library to sniffio (a trio
+    #: caller's does): the owner's copy leaves that out.
+    foreign_context: bool
+
     def wake(self, op: Operation) -> None:
         """Wake the caller parked on ``op`` (any thread; harmless when repeated)."""
 
@@ -116,6 +120,7 @@ class NotWaiting:
 
     label = "nobody yet"
     thread_id = None
+    foreign_context = False
 
     def wake(self, op: Operation) -> None:
         pass
@@ -328,7 +333,8 @@ def start_on_owner(op: Operation) -> None:
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))
         return
     op.t_start = _perf()
-    _forget_caller_library(op.ctx)
+    if op.waker.foreign_context:  # an attribute test: most callers are not trio
+        _forget_caller_library(op.ctx)
     op.task = op.launch(loop)
 
 

@@ -54,6 +54,8 @@ class _PortWaker:
 
     __slots__ = ("port", "wake")
 
+    foreign_context = False  # see Waker.foreign_context
+
     def __init__(self, port: Port, resolve: Callable[[Operation], None]) -> None:
         self.port = port
         self.wake: Callable[[Operation], None] = functools.partial(port.post, resolve)
@@ -143,6 +145,8 @@ class TrioWaker(_PortWaker):
 
     __slots__ = ("cancelled", "_trio")
 
+    foreign_context = True  # sniffio says "trio" in the caller's context
+
     def __init__(self, port: Port) -> None:
         import trio
 
@@ -188,6 +192,8 @@ class ThreadWaker:
     """A plain thread: waiters are locks, released by the waking side."""
 
     __slots__ = ("thread_id", "label")
+
+    foreign_context = False
 
     # KeyboardInterrupt and friends interrupt a blocked thread.
     cancelled: type[BaseException] = BaseException
