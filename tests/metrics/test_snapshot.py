@@ -151,8 +151,13 @@ def test_admission_delay_grows_when_the_owner_loop_is_busy(asyncio_owner: lb.Loo
 
     asyncio.run(main())
     snap = metrics.snapshot()
-    # The late call is alone in the highest admission bucket; it did not run longer.
-    assert snap["admission"]["buckets"][-1][1] == 1
+    # Every call's admission is counted once, and the late call's (the maximum)
+    # is in the highest bucket: its wait was admission, it did not run longer.
+    # (Not "alone" there: on a starved machine a quiet call can wait as long.)
+    buckets = snap["admission"]["buckets"]
+    assert sum(count for _, count in buckets) == 21
+    top_bound, top_count = buckets[-1]
+    assert top_count >= 1 and top_bound >= snap["admission"]["max_s"]
     assert snap["run"]["max_s"] < snap["admission"]["max_s"]
 
 
