@@ -43,8 +43,8 @@ def redis_server() -> Iterator[Redis]:
         pytest.skip(f"no Redis server: {e}")
 
 
-def pg_backends(server: Postgres) -> int:
-    """Client connections to the test database now, not counting the one asking."""
+def _pg_count(server: Postgres, where: str) -> int:
+    """Sessions of the test database matching ``where``, not counting the one asking."""
     import asyncpg
 
     async def count() -> int:
@@ -52,7 +52,7 @@ def pg_backends(server: Postgres) -> int:
         try:
             n = await conn.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 "
-                "AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                f"AND pid <> pg_backend_pid() AND {where}",
                 server.database,
             )
             return int(n)
@@ -62,6 +62,16 @@ def pg_backends(server: Postgres) -> int:
     return asyncio.run(count())
 
 
+def pg_backends(server: Postgres) -> int:
+    """Client connections to the test database now."""
+    return _pg_count(server, "backend_type = 'client backend'")
+
+
+def pg_lock_waiters(server: Postgres) -> int:
+    """Sessions of the test database waiting for a lock now."""
+    return _pg_count(server, "wait_event_type = 'Lock'")
+
+
 def redis_clients(server: Redis) -> int:
     """Client connections to the server now, not counting the one asking."""
     import redis as sync_redis
@@ -69,6 +79,17 @@ def redis_clients(server: Redis) -> int:
     client = sync_redis.Redis(host=server.host, port=server.port)
     try:
         return len(client.client_list()) - 1
+    finally:
+        client.close()
+
+
+def redis_blocked(server: Redis) -> int:
+    """Clients blocked in a command (BLPOP and the like) now."""
+    import redis as sync_redis
+
+    client = sync_redis.Redis(host=server.host, port=server.port)
+    try:
+        return int(client.info("clients")["blocked_clients"])
     finally:
         client.close()
 

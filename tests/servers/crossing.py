@@ -12,9 +12,19 @@ every time.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+import pytest
+
+import loopbridge
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
 
 WAIT = 30.0  # bound on every wait, so a broken demonstration fails instead of hanging
 
@@ -68,3 +78,51 @@ class OwnerHeld:
             return self._future.result(WAIT)
         except Exception as e:
             return e
+
+
+# ---------------------------------------------------------------- the callers
+CALLERS = ("asyncio", "uvloop", "trio")
+
+
+def run_caller(kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """``fn(*args)`` on a new event loop of ``kind`` on this thread (trio through anyio)."""
+    import anyio
+
+    if kind == "trio":
+        return anyio.run(fn, *args, backend="trio")
+    options = {"use_uvloop": kind == "uvloop"}
+    return anyio.run(fn, *args, backend="asyncio", backend_options=options)
+
+
+async def cancelled_while(op: Callable[[], Awaitable[Any]], blocked: Callable[[], None]) -> bool:
+    """Run ``op``; cancel it once ``blocked()`` (run in a thread) returns, which it
+    does when the server shows the operation waiting. True if it was cancelled
+    there, not finished."""
+    import anyio
+
+    finished = False
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                await anyio.to_thread.run_sync(blocked)
+                scope.cancel()
+
+            tg.start_soon(watch)
+            await op()
+            finished = True
+    return scope.cancelled_caught and not finished
+
+
+def example(name: str) -> ModuleType:
+    """The recipe in examples/recipes/<name>.py (the code docs/recipes.md shows)."""
+    if not hasattr(loopbridge, "Owned"):
+        pytest.skip("needs returned loop-bound objects (loopbridge.Owned)")
+    module = sys.modules.get(f"recipe_{name}")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(f"recipe_{name}", EXAMPLES / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module

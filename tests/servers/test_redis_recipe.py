@@ -9,14 +9,15 @@ loopbridge from every kind of caller.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from loopbridge import LoopThread
+from loopbridge import LoopThread, blocking, is_proxy, unwrap
 
-from .conftest import redis_clients, settle
-from .crossing import OwnerHeld, on_other_loop
+from .conftest import redis_blocked, redis_clients, settle
+from .crossing import CALLERS, OwnerHeld, cancelled_while, example, on_other_loop, run_caller
 from .launch import Redis
 
 aioredis = pytest.importorskip("redis.asyncio", reason="redis is not installed (group: recipes)")
@@ -59,4 +60,118 @@ def test_raw_client_shared_with_another_loop_fails(redis_server: Redis) -> None:
 
         owner.run(client.delete, "raw")
         owner.run(client.aclose)
+    assert settle(lambda: redis_clients(redis_server), 0) == 0
+
+
+def _open(owner: LoopThread, server: Redis) -> Any:
+    recipe = example("redis_client")
+    client = owner.run(recipe.open_client, server.url)
+    blocking(client).delete("hits", "queue").result()
+    return client
+
+
+def _pooled(client: Any) -> int:
+    """Open connections idle in the client's pool; asserts none is still lent out.
+    The server must see exactly these."""
+    pool = unwrap(client).connection_pool
+    assert not pool._in_use_connections
+    return sum(1 for c in pool._available_connections if c.is_connected)
+
+
+def test_client_from_sixteen_threads(redis_server: Redis) -> None:
+    """Commands and transactions from a 16-worker thread pool: every increment
+    counted once, no more server connections than the client's pool opened."""
+    recipe = example("redis_client")
+    with LoopThread() as owner:
+        client = _open(owner, redis_server)
+        with ThreadPoolExecutor(16) as workers:
+            got = list(workers.map(lambda _: recipe.view(client, "hits"), range(200)))
+        assert sorted(n for pair in got for n in pair)[-1] == 600
+        assert int(blocking(client).get("hits").result()) == 600
+        assert redis_clients(redis_server) == _pooled(client) <= 16
+        blocking(client).aclose()
+    assert settle(lambda: redis_clients(redis_server), 0) == 0
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_client_and_pubsub_from_other_loops(redis_server: Redis, caller: str) -> None:
+    """Commands, pipelines and a pub/sub stream from asyncio, uvloop and trio."""
+    recipe = example("redis_client")
+    with LoopThread() as owner:
+        client = _open(owner, redis_server)
+
+        async def scenario() -> None:
+            import anyio
+
+            async def one(_: int) -> None:
+                await recipe.handler(client, "hits")
+
+            async with anyio.create_task_group() as tg:
+                for i in range(50):
+                    tg.start_soon(one, i)
+            assert int(await client.get("hits")) == 150
+            async with client.pipeline(transaction=True) as pipe:
+                assert is_proxy(pipe)
+                pipe.set("a", 1)
+                pipe.incr("a")
+                assert await pipe.execute() == [True, 2]
+            assert await recipe.consume(client, "news", 1) == [b"hello"]
+
+            # A longer stream: 200 messages, published after the subscription.
+            async with client.pubsub() as pubsub:
+                assert is_proxy(pubsub)
+                await pubsub.subscribe("feed")
+                seen: list[bytes] = []
+                async for message in pubsub.listen():
+                    if message["type"] == "subscribe":
+                        for i in range(200):
+                            await client.publish("feed", str(i))
+                    elif message["type"] == "message":
+                        seen.append(message["data"])
+                        if len(seen) == 200:
+                            break
+                assert seen == [str(i).encode() for i in range(200)]
+            assert await client.pubsub_numsub("feed") == [(b"feed", 0)]
+
+        run_caller(caller, scenario)
+        assert redis_clients(redis_server) == _pooled(client)
+        blocking(client).aclose()
+    assert settle(lambda: redis_clients(redis_server), 0) == 0
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_cancelling_a_blocked_command_and_a_stream(redis_server: Redis, caller: str) -> None:
+    """A caller cancelled in BLPOP, and one cancelled while its pub/sub stream waits
+    for a message: the server sees neither blocked nor subscribed afterwards, the
+    connections are returned or closed, and the client still works."""
+    with LoopThread() as owner:
+        client = _open(owner, redis_server)
+
+        async def blpop() -> None:
+            await client.blpop(["queue"], timeout=0)  # waits forever for an item
+
+        def blocked() -> None:
+            assert settle(lambda: redis_blocked(redis_server), 1) == 1
+
+        assert run_caller(caller, cancelled_while, blpop, blocked)
+        assert settle(lambda: redis_blocked(redis_server), 0) == 0
+
+        def numsub() -> int:
+            return int(dict(blocking(client).pubsub_numsub("feed").result())[b"feed"])
+
+        def subscribed() -> None:
+            assert settle(numsub, 1) == 1
+
+        async def listen() -> None:
+            async with client.pubsub() as pubsub:
+                await pubsub.subscribe("feed")
+                async for _ in pubsub.listen():
+                    pass
+
+        assert run_caller(caller, cancelled_while, listen, subscribed)
+        assert settle(numsub, 0) == 0  # the stream's exit unsubscribed, on the owner
+        blocking(client).rpush("queue", "x").result()  # nobody took it: BLPOP ended
+        assert blocking(client).lpop("queue").result() == b"x"
+        assert settle(lambda: redis_clients(redis_server), _pooled(client)) == _pooled(client)
+        blocking(client).aclose()
     assert settle(lambda: redis_clients(redis_server), 0) == 0
