@@ -19,6 +19,7 @@ from ._declare import adopt, loop_affine, owner_loop, transfer
 from ._errors import LoopAffinityError, OwnerLoopClosed, UnsupportedRuntime
 from ._loop_thread import LoopThread
 from ._proxy import Blocking, blocking, is_proxy, proxy, unwrap
+from ._returns import Owned
 from ._streams import BlockingStream
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "adopt",
     "owner_loop",
     "transfer",
+    "Owned",
     "proxy",
     "blocking",
     "is_proxy",

@@ -31,9 +31,12 @@ from ._errors import LoopAffinityError
 from ._operation import Operation, Options
 from ._outcome import CANCELLED, OK
 from ._ownership import on_owner_thread
-from ._wakers import LoopWaker, TrioWaker, thread_waker
+from ._ports import get_running_loop
+from ._returns import PLAIN
+from ._trio import in_trio_run, trio_port
+from ._wakers import LoopWaker, TrioWaker, loop_waker, thread_waker, trio_waker
 
-__all__ = ["Call", "call_from_async", "call_from_thread", "cancel_message"]
+__all__ = ["Call", "route_call", "call_from_async", "call_from_thread", "cancel_message"]
 
 _perf = time.perf_counter
 
@@ -63,6 +66,10 @@ class Call(Operation):
 async def _run(call: Call, loop: asyncio.AbstractEventLoop) -> None:
     try:
         result = await call.fn(*call.args, **call.kwargs)
+        if type(result) not in PLAIN and call.opts.shape is not None:
+            # Still on the owner: a result that is the object itself, another
+            # loop-affine object, or holds loop-bound state (see _returns).
+            result = call.opts.shape(call, result)
     except BaseException as exc:
         if call.raised_on_owner(exc, loop):
             raise
@@ -79,6 +86,35 @@ def _returned(call: Call, t_return: float) -> Any:
 
 
 # ------------------------------------------------------------ the three callers
+def route_call(
+    opts: Options,
+    loop: asyncio.AbstractEventLoop | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
+) -> Any:
+    """An awaitable for a call made off the owner loop, from ``loop`` (the running one)."""
+    if loop is None:
+        # No loop yet (the coroutine was made before asyncio.run, or under
+        # trio): decide when it is awaited.
+        return _route_on_await(opts, fn, args, kwargs, what)
+    return call_from_async(loop_waker(loop), opts, fn, args, kwargs, what)
+
+
+async def _route_on_await(
+    opts: Options, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> Any:
+    loop = get_running_loop()
+    if loop is not None:
+        if loop is opts.ownership.owner.loop:
+            return await fn(*args, **kwargs)
+        return await route_call(opts, loop, fn, args, kwargs, what)
+    if in_trio_run():
+        return await call_from_async(trio_waker(trio_port()), opts, fn, args, kwargs, what)
+    raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
+
+
 async def call_from_async(
     waker: LoopWaker | TrioWaker,
     opts: Options,

@@ -64,14 +64,24 @@ _PY311 = sys.version_info >= (3, 11)
 class Options:
     """A proxy's settings, shared by every call and stream made through it."""
 
-    __slots__ = ("ownership", "metrics", "window", "grace", "eager")
+    __slots__ = ("ownership", "metrics", "window", "grace", "eager", "shape")
 
-    def __init__(self, ownership: Ownership, window: int, grace: float, eager: bool) -> None:
+    def __init__(
+        self,
+        ownership: Ownership,
+        window: int,
+        grace: float,
+        eager: bool,
+        shape: Callable[[Any, Any], Any] | None = None,
+    ) -> None:
         self.ownership = ownership
         self.metrics: Metrics = ownership.metrics
         self.window = window
         self.grace = grace
         self.eager = eager
+        # How the owner hands back a call's non-plain result (the proxy layer's
+        # rules for returned objects); None: as it is.
+        self.shape = shape
 
 
 def annotate(exc: BaseException, description: str, owner: Port) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ._codegen import compile_function
@@ -38,13 +39,18 @@ _ATTR = "__loopbridge_ownership__"
 
 
 class Ownership:
-    """Owner loop plus member declarations of one instance."""
+    """Owner loop plus member declarations of one instance.
+
+    ``returns`` maps member names to :class:`~loopbridge._returns.Owned` rules
+    (typed ``Any`` here: rules live in a layer above this one).
+    """
 
     __slots__ = (
         "owner",
         "_port",
         "stable",
         "threadsafe",
+        "returns",
         "_lock",
         "name",
         "metrics",
@@ -57,14 +63,21 @@ class Ownership:
         stable: frozenset[str],
         threadsafe: frozenset[str],
         name: str,
+        returns: Mapping[str, Any] | None = None,
     ) -> None:
         self.owner = Owner(loop)
         self._port: Port | None = None
         self.stable = stable
         self.threadsafe = threadsafe
+        # Rules for members whose results belong to the owner loop (see _returns).
+        self.returns: Mapping[str, Any] = MappingProxyType(dict(returns or {}))
         self._lock = threading.Lock()
         self.name = name
         self.metrics = Metrics._create(name)
+
+    def spec_key(self) -> tuple[frozenset[str], frozenset[str], frozenset[tuple[str, Any]]]:
+        """The declarations as one hashable value (a proxy class is cached by it)."""
+        return (self.stable, self.threadsafe, frozenset(self.returns.items()))
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:

@@ -10,25 +10,33 @@ generated classes are cached per (class, declarations).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import types
+import warnings
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ._affinity import original
-from ._calls import Call, call_from_async, call_from_thread
+from ._affinity import _Policy, original
+from ._calls import Call, call_from_thread, route_call
 from ._codegen import build
 from ._construction import NoPublicConstructor
 from ._errors import LoopAffinityError
 from ._members import MemberKind, classify
 from ._metrics import Metrics
 from ._operation import Options
-from ._ownership import ON_OWNER, ON_OWNER_LOOP, ON_OWNER_THREAD, Ownership, ownership_of
+from ._ownership import (
+    ON_OWNER,
+    ON_OWNER_LOOP,
+    ON_OWNER_THREAD,
+    Ownership,
+    attach,
+    on_owner_thread,
+    ownership_of,
+)
+from ._pending import Pending
 from ._ports import get_running_loop
+from ._returns import PLAIN, Owned, loop_state
 from ._streams import BlockingStream, Channel, RemoteStream
-from ._trio import in_trio_run, trio_port
-from ._wakers import loop_waker, trio_waker
 
 __all__ = [
     "proxy",
@@ -54,7 +62,7 @@ _SLOTS = ("_lb_target", "_lb_ownership", "_lb_opts")
 # ------------------------------------------------------------ member factories
 # One definition of a proxy member, rendered with the method's own signature or,
 # when that can't be mirrored, with plain (*args, **kwargs) forwarding: on the
-# owner loop it calls straight through; anywhere else _route decides.
+# owner loop it calls straight through; anywhere else route_call decides.
 _ASYNC_MEMBER = (
     """
 def make({make_params}):
@@ -67,7 +75,12 @@ def make({make_params}):
     + """:
             return __lb_fn({self}._lb_target, {args})  # same loop: straight through
         return __lb_route(
-            {self}, __lb_loop, __lb_fn, ({self}._lb_target, {positional}), {keywords}, __lb_what
+            {self}._lb_opts,
+            __lb_loop,
+            __lb_fn,
+            ({self}._lb_target, {positional}),
+            {keywords},
+            __lb_what,
         )
     return member
 """
@@ -83,7 +96,7 @@ def _async_member(name: str, fn: Callable[..., Any], generic: bool = False) -> C
         __lb_fn=fn,
         __lb_ident=threading.get_ident,
         __lb_grl=get_running_loop,
-        __lb_route=_route,
+        __lb_route=route_call,
         __lb_what=f"{fn.__qualname__}()",
     )
     return _describe(member, name, fn, MemberKind.ASYNC)
@@ -99,35 +112,6 @@ def _describe(
     member.__wrapped__ = fn  # type: ignore[attr-defined]
     member.__loopbridge_kind__ = kind  # type: ignore[attr-defined]
     return member
-
-
-def _route(
-    p: Any,
-    loop: asyncio.AbstractEventLoop | None,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    what: str,
-) -> Any:
-    """A proxy member called off the owner loop, from ``loop`` (the running one)."""
-    if loop is None:
-        # No loop yet (the coroutine was made before asyncio.run, or under
-        # trio): decide when it is awaited.
-        return _route_on_await(p, fn, args, kwargs, what)
-    return call_from_async(loop_waker(loop), p._lb_opts, fn, args, kwargs, what)
-
-
-async def _route_on_await(
-    p: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
-) -> Any:
-    loop = get_running_loop()
-    if loop is not None:
-        if loop is p._lb_ownership.owner.loop:
-            return await fn(*args, **kwargs)
-        return await _route(p, loop, fn, args, kwargs, what)
-    if in_trio_run():
-        return await call_from_async(trio_waker(trio_port()), p._lb_opts, fn, args, kwargs, what)
-    raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 
 _STREAM_MEMBER = (
@@ -173,11 +157,241 @@ async def _iterate(self: Any) -> AsyncIterator[Any]:
         yield item
 
 
-def _iteration_member(cls: type, raw: Any) -> Callable[..., Any]:
-    member = _stream_member("__aiter__", _iterate, f"iterating a {cls.__qualname__} object")
+def _iteration_member(cls: type, raw: Any, rule: Owned | None) -> Callable[..., Any]:
+    what = f"iterating a {cls.__qualname__} object"
+    if rule is not None:  # returns={"__anext__": ...}: each item comes back as a proxy
+        member = _owned_stream_member("__aiter__", _iterate, rule, what)
+    else:
+        member = _stream_member("__aiter__", _iterate, what)
     member.__qualname__ = f"{cls.__qualname__}.__aiter__"
     member.__doc__ = raw.__doc__
     return member
+
+
+# ------------------------------------------------- returned loop-bound objects
+# Members with a returns rule (see _returns): what they give back is made a
+# proxy on the owner loop, by _own, before it crosses.  Plain forwarding is
+# enough here: each of these calls crosses threads, which costs far more.
+def _generic_parts(self: Any) -> tuple[Any, Options]:
+    get = object.__getattribute__
+    return get(self, "_lb_target"), get(self, "_lb_opts")
+
+
+def _owned_call_member(name: str, fn: Callable[..., Any], rule: Owned) -> Callable[..., Any]:
+    what = f"{fn.__qualname__}()"
+
+    async def on_owner(target: Any, opts: Options, /, *args: Any, **kwargs: Any) -> Any:
+        return _own(await fn(target, *args, **kwargs), rule, what, opts)
+
+    def member(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        target, opts = _generic_parts(self)
+        if on_owner_thread(opts.ownership):
+            return on_owner(target, opts, *args, **kwargs)
+        return route_call(opts, get_running_loop(), on_owner, (target, opts, *args), kwargs, what)
+
+    member.__loopbridge_on_owner__ = on_owner  # type: ignore[attr-defined]
+    return _describe(member, name, fn, MemberKind.OWNED_CALL)
+
+
+def _owned_stream_member(
+    name: str, fn: Callable[..., Any], rule: Owned | None, what: str
+) -> Callable[..., Any]:
+    async def on_owner(target: Any, opts: Options, /, *args: Any, **kwargs: Any) -> Any:
+        agen = fn(target, *args, **kwargs)
+        try:
+            async for item in agen:
+                yield _own(item, rule, what, opts)
+        finally:
+            await agen.aclose()  # closed early: close the member's generator here
+
+    def member(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        target, opts = _generic_parts(self)
+        if on_owner_thread(opts.ownership):
+            return on_owner(target, opts, *args, **kwargs)
+        return RemoteStream(Channel(on_owner, (target, opts, *args), kwargs, what, opts))
+
+    member.__loopbridge_on_owner__ = on_owner  # type: ignore[attr-defined]
+    return _describe(member, name, fn, MemberKind.OWNED_STREAM)
+
+
+def _pending_member(name: str, fn: Callable[..., Any], rule: Owned) -> Callable[..., Any]:
+    what = f"{fn.__qualname__}()"
+
+    def member(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        target, opts = _generic_parts(self)
+        # Made on the owner loop when first awaited, entered or iterated.
+        return Pending(fn, (target, *args), kwargs, rule, opts, what, _own)
+
+    return _describe(member, name, fn, MemberKind.PENDING)
+
+
+def _await_member(cls: type, raw: Any, rule: Owned | None) -> Callable[..., Any]:
+    what = f"awaiting a {cls.__qualname__} object"
+
+    async def on_owner(target: Any, opts: Options) -> Any:
+        value = await target
+        return value if rule is None else _own(value, rule, what, opts)
+
+    def __await__(self: Any) -> Any:
+        target, opts = _generic_parts(self)
+        if on_owner_thread(opts.ownership):
+            return raw(target)
+        return route_call(opts, get_running_loop(), on_owner, (target, opts), {}, what).__await__()
+
+    member = _describe(__await__, "__await__", raw, MemberKind.AWAIT)
+    member.__qualname__ = f"{cls.__qualname__}.__await__"
+    return member
+
+
+class _OwnedAttr:
+    """A data member with a returns rule: read directly, its value comes back as a proxy."""
+
+    __slots__ = ("name", "rule", "what")
+
+    def __init__(self, name: str, rule: Owned, what: str) -> None:
+        self.name = name
+        self.rule = rule
+        self.what = what
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        target, opts = _generic_parts(obj)
+        return _own(getattr(target, self.name), self.rule, self.what, opts)
+
+
+def _own(value: Any, rule: Owned | None, what: str, opts: Options) -> Any:
+    """What the caller gets for ``value``, which ``what`` gave back on the owner loop.
+
+    With a rule: a proxy of ``value`` owned by the same loop, with the rule's
+    declarations.  Without one: :func:`_checked`.
+    """
+    if rule is None or type(value) in PLAIN or _is_proxy(value):
+        return _checked(value, what, opts)
+    ownership = ownership_of(value)
+    if ownership is None:
+        ownership = Ownership(
+            opts.ownership.owner.loop,
+            rule.stable,
+            rule.threadsafe,
+            f"{type(value).__qualname__} object from {what}",
+            rule.returns,
+        )
+        attach(value, ownership)
+    return _new_proxy(value, ownership, opts.window, opts.grace, opts.eager)
+
+
+def _shape(call: Call, result: Any) -> Any:
+    """Every proxy's ``Options.shape``: a call's non-plain result, on the owner loop."""
+    args = call.args
+    if args and result is args[0]:
+        # The object itself (``async with p as x`` when __aenter__ returns self,
+        # fluent APIs): the caller gets a proxy, never the bare object.
+        opts = call.opts
+        return _new_proxy(result, opts.ownership, opts.window, opts.grace, opts.eager)
+    return _checked(result, call.description, call.opts)
+
+
+def _checked(value: Any, what: str, opts: Options) -> Any:
+    """A result no rule covers: loop-affine ones come back as proxies; others
+    that hold loop-bound state are caught by the always-on check."""
+    if type(value) in PLAIN or _is_proxy(value):
+        return value
+    ownership = ownership_of(value)
+    if ownership is not None:  # declared loop-affine: its own declarations say how
+        return _new_proxy(value, ownership, opts.window, opts.grace, opts.eager)
+    found = loop_state(value)
+    if found is None or _Policy.mode == "off":
+        return value
+    member = what.rsplit(".", 1)[-1].removesuffix("()")
+    msg = (
+        f"{what} returned a {type(value).__qualname__} object that holds loop-bound state "
+        f"({found}), and no returns rule covers it, so it cannot be used off its owner loop. "
+        f"Declare returns={{{member!r}: loopbridge.Owned(...)}} (in adopt(...) or "
+        "@loop_affine(...)) to get it back as a proxy, or use it on its owner loop "
+        "(loopbridge.unwrap gives the object)."
+    )
+    if _Policy.mode == "warn":
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        return value
+    return _tripwire(value, msg)
+
+
+def _tripwire(value: Any, msg: str) -> Any:
+    cls = type(value)
+    tcls = _tripwire_classes.get(cls)
+    if tcls is None:
+        tcls = _tripwire_classes.setdefault(cls, _tripwire_class(cls))
+    t: Any = object.__new__(tcls)
+    object.__setattr__(t, "_lb_target", value)
+    object.__setattr__(t, "_lb_refusal", msg)
+    return t
+
+
+class _Tripped:
+    """Every member of an uncovered loop-bound result: using it raises the check's error."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        raise _tripped(obj, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise _tripped(obj, self.name)
+
+
+def _tripped(obj: Any, name: str) -> LoopAffinityError:
+    return LoopAffinityError(f"{object.__getattribute__(obj, '_lb_refusal')} (used: .{name})")
+
+
+def _tripped_getattr(self: Any, name: str) -> Any:
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(name)
+    raise _tripped(self, name)
+
+
+def _tripped_setattr(self: Any, name: str, value: Any = None) -> None:
+    raise _tripped(self, name)
+
+
+def _tripped_repr(self: Any) -> str:
+    value = object.__getattribute__(self, "_lb_target")
+    return f"<loopbridge: {type(value).__qualname__} object no returns rule covers>"
+
+
+_tripwire_classes: dict[type, type] = {}
+_TRIPWIRE_SLOTS = ("_lb_target", "_lb_refusal")
+
+
+def _tripwire_class(cls: type) -> type:
+    empty = Ownership(None, frozenset(), frozenset(), cls.__qualname__)
+    ns: dict[str, Any] = {"__slots__": _TRIPWIRE_SLOTS, "__loopbridge_proxy__": True}
+    for name in classify(cls, empty):
+        ns[name] = _Tripped(name)
+    ns["__getattribute__"] = object.__getattribute__
+    ns["__getattr__"] = _tripped_getattr
+    ns["__setattr__"] = ns["__delattr__"] = _tripped_setattr
+    ns["__repr__"] = _tripped_repr
+    ns["__del__"] = _no_del
+    ns["__init__"] = _no_init
+    ns["__reduce__"] = _no_reduce
+    ns["__reduce_ex__"] = _no_reduce_ex
+    try:
+        tcls = type(cls)(f"{cls.__name__}Uncovered", (cls,), ns)
+    except TypeError:
+        tcls = type(f"{cls.__name__}Uncovered", (), ns)
+    tcls.__module__ = cls.__module__
+    tcls.__qualname__ = f"{cls.__qualname__}Uncovered"
+    return tcls
+
+
+def _is_proxy(obj: object) -> bool:
+    return bool(getattr(type(obj), "__loopbridge_proxy__", False))
 
 
 class _Passthrough:
@@ -229,23 +443,35 @@ def _refusal(cls_name: str, name: str) -> LoopAffinityError:
 
 
 # --------------------------------------------------------------- proxy class
-_cache: dict[tuple[type, frozenset[str], frozenset[str]], type] = {}
+_cache: dict[tuple[type, Any], type] = {}
 _cache_lock = threading.Lock()
 
 
 def _proxy_class(cls: type, ownership: Ownership) -> type:
-    key = (cls, ownership.stable, ownership.threadsafe)
+    key = (cls, ownership.spec_key())
     pcls = _cache.get(key)
     if pcls is not None:
         return pcls
     ns: dict[str, Any] = {"__slots__": _SLOTS, "__loopbridge_proxy__": True}
+    rules = ownership.returns
     for name, (kind, raw) in classify(cls, ownership).items():
         if kind is MemberKind.ASYNC:
             ns[name] = _async_member(name, original(raw))
         elif kind is MemberKind.STREAM:
             ns[name] = _stream_member(name, original(raw))
         elif kind is MemberKind.ITERATION:
-            ns[name] = _iteration_member(cls, raw)
+            ns[name] = _iteration_member(cls, raw, rules.get("__anext__"))
+        elif kind is MemberKind.AWAIT:
+            ns[name] = _await_member(cls, raw, rules.get("__await__"))
+        elif kind is MemberKind.OWNED_CALL:
+            ns[name] = _owned_call_member(name, original(raw), rules[name])
+        elif kind is MemberKind.OWNED_STREAM:
+            fn = original(raw)
+            ns[name] = _owned_stream_member(name, fn, rules[name], f"{fn.__qualname__}()")
+        elif kind is MemberKind.PENDING:
+            ns[name] = _pending_member(name, original(raw), rules[name])
+        elif kind is MemberKind.OWNED_ATTR:
+            ns[name] = _OwnedAttr(name, rules[name], f"{cls.__qualname__}.{name}")
         elif kind in (MemberKind.STABLE, MemberKind.THREADSAFE):
             ns[name] = _Passthrough(name)
         elif kind is MemberKind.SYNC:
@@ -280,6 +506,11 @@ def _instance_attr(self: Any, name: str) -> Any:
     target = get(self, "_lb_target")
     if name in ownership.stable or name in ownership.threadsafe:
         return getattr(target, name)
+    rule = ownership.returns.get(name)
+    if rule is not None:  # an instance attribute holding an owned object (a grpc stub's)
+        opts: Options = get(self, "_lb_opts")
+        value = getattr(target, name)
+        return _own(value, rule, f"{type(target).__qualname__}.{name}", opts)
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
     if not hasattr(target, name):
@@ -355,12 +586,15 @@ def proxy(
         raise ValueError(f"stream_window must be at least 1, not {stream_window}")
     if cancel_grace < 0:
         raise ValueError(f"cancel_grace must not be negative, not {cancel_grace}")
-    pcls = _proxy_class(type(obj), ownership)
-    p = cast(T, object.__new__(pcls))  # an instance of a subclass of type(obj)
+    return cast(T, _new_proxy(obj, ownership, stream_window, cancel_grace, bool(eager)))
+
+
+def _new_proxy(obj: Any, ownership: Ownership, window: int, grace: float, eager: bool) -> Any:
+    p: Any = object.__new__(_proxy_class(type(obj), ownership))  # a subclass of type(obj)
     setattr_ = object.__setattr__
     setattr_(p, "_lb_target", obj)
     setattr_(p, "_lb_ownership", ownership)
-    setattr_(p, "_lb_opts", Options(ownership, stream_window, cancel_grace, bool(eager)))
+    setattr_(p, "_lb_opts", Options(ownership, window, grace, eager, _shape))
     return p
 
 
@@ -396,6 +630,11 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
     Declared stable and thread-safe members are used directly.  Only the calling
     thread blocks; using it on the owner loop's thread raises instead of
     deadlocking.
+
+    An object that is an async context manager is a context manager here, one
+    that is async-iterable is iterable, and an async ``__call__`` is a call.  The
+    face of a pending result (a sync member with a ``returns`` rule) also has
+    ``result()``, which waits for what awaiting it gives.
     """
 
     __slots__ = ("_lb_proxy", "_lb_members")
@@ -408,17 +647,45 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
     def __getattr__(self, name: str) -> Any:
         get = object.__getattribute__
         p = get(self, "_lb_proxy")
+        if type(p) is Pending:
+            if name == "result":
+                return p.result_blocking
+            raise AttributeError(f"a pending result's blocking face has no {name!r}")
         members: dict[str, Any] = get(self, "_lb_members")
         member = members.get(name)
         if member is not None:
             return member
         unbound = _blocking_member(type(p), name)
         if unbound is None:
-            return getattr(p, name)  # passthrough, or the proxy's own refusal
+            value = getattr(p, name)  # passthrough, or the proxy's own refusal
+            if _is_proxy(value) and name in get(p, "_lb_ownership").returns:
+                return Blocking._create(value)  # an owned data member: its face too
+            return value
         member = members[name] = types.MethodType(
             unbound, _Bound(get(p, "_lb_target"), get(p, "_lb_opts"))
         )
         return member
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__getattr__("__call__")(*args, **kwargs)
+
+    def __enter__(self) -> Any:
+        p = object.__getattribute__(self, "_lb_proxy")
+        if type(p) is Pending:
+            return p.enter_blocking()
+        return self.__getattr__("__aenter__")()
+
+    def __exit__(self, et: Any, exc: Any, tb: Any) -> Any:
+        p = object.__getattribute__(self, "_lb_proxy")
+        if type(p) is Pending:
+            return p.exit_blocking(et, exc, tb)
+        return self.__getattr__("__aexit__")(et, exc, tb)
+
+    def __iter__(self) -> Any:
+        p = object.__getattribute__(self, "_lb_proxy")
+        if type(p) is Pending:
+            return p.iter_blocking()
+        return self.__getattr__("__aiter__")()
 
     def __setattr__(self, name: str, value: Any) -> None:
         _no_setattr(self, name)
@@ -489,6 +756,8 @@ def _blocking_member(pcls: type, name: str) -> Callable[..., Any] | None:
             __lb_channel=Channel,
             __lb_what=f"{fn.__qualname__}()",
         )
+    if member is None and fn is not None:
+        member = _blocking_owned_member(name, raw, fn, kind)
     if member is not None:
         member.__name__ = name
         member.__qualname__ = fn.__qualname__  # type: ignore[union-attr]
@@ -501,8 +770,46 @@ def _blocking_member(pcls: type, name: str) -> Callable[..., Any] | None:
     return _blocking_members[key]
 
 
+def _blocking_owned_member(
+    name: str, raw: Any, fn: Callable[..., Any], kind: MemberKind | None
+) -> Callable[..., Any] | None:
+    """Blocking members for members with a returns rule (plain forwarding)."""
+    what = f"{fn.__qualname__}()"
+    if kind is MemberKind.OWNED_CALL:
+        on_owner = raw.__loopbridge_on_owner__
+
+        def call(bound: _Bound, /, *args: Any, **kwargs: Any) -> Any:
+            c = Call(on_owner, (bound.target, bound.opts, *args), kwargs, what, bound.opts)
+            return call_from_thread(c)
+
+        return call
+    if kind is MemberKind.OWNED_STREAM:
+        on_owner = raw.__loopbridge_on_owner__
+
+        def stream(bound: _Bound, /, *args: Any, **kwargs: Any) -> Any:
+            ch = Channel(on_owner, (bound.target, bound.opts, *args), kwargs, what, bound.opts)
+            return BlockingStream._create(ch)
+
+        return stream
+    if kind is MemberKind.PENDING:
+
+        def pending(bound: _Bound, /, *args: Any, **kwargs: Any) -> Any:
+            rule = bound.opts.ownership.returns[name]
+            made = Pending(fn, (bound.target, *args), kwargs, rule, bound.opts, what, _own)
+            return Blocking._create(made)
+
+        return pending
+    return None
+
+
 def blocking(p: T) -> Blocking[T]:
-    """The blocking face of a proxy (or of a loop-affine object) for plain threads."""
+    """The blocking face of a proxy (or of a loop-affine object) for plain threads.
+
+    Also takes what a sync member with a ``returns`` rule gave back through a
+    proxy (a pending result): its face enters, iterates and waits for it.
+    """
+    if type(p) is Pending:
+        return cast("Blocking[T]", Blocking._create(p))
     if not getattr(type(p), "__loopbridge_proxy__", False):
         p = proxy(p)
     return cast("Blocking[T]", Blocking._create(p))

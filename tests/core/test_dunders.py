@@ -150,7 +150,8 @@ def _data_model_names() -> set[str]:
 
 def test_drift_guard_no_special_method_is_inherited_silently(owner: lb.LoopThread) -> None:
     """For each special method name Python knows, a class that defines it as a
-    sync function gets a refusing proxy attribute, and as an async function a
+    sync function gets a refusing proxy attribute (a sync ``__aiter__`` streams and a
+    sync ``__await__`` is awaited on the owner), and as an async function a
     marshalled member, unless the proxy defines it itself."""
     names = _data_model_names()
     assert {"__call__", "__len__", "__aiter__", "__anext__", "__aenter__", "__eq__"} <= names
@@ -178,5 +179,7 @@ def test_drift_guard_no_special_method_is_inherited_silently(owner: lb.LoopThrea
                 assert kind is not None, f"async {name} is not marshalled"
             elif name == "__aiter__":
                 assert kind is not None, "a sync __aiter__ does not stream the iteration"
+            elif name == "__await__":
+                assert kind is not None, "a sync __await__ does not marshal awaiting"
             else:
                 assert type(member).__name__ == "_Refused", f"sync {name} is not refused"

@@ -1,0 +1,159 @@
+"""A sync member's loop-bound result, made on the owner loop when first used.
+
+``session.get(url)`` (aiohttp), ``pool.acquire()`` (asyncpg) and a grpc
+multicallable's ``__call__`` are sync methods whose result is bound to the
+owner loop: some start work on the loop the moment they are called.  Through
+a proxy, a member like that with a ``returns`` rule does not run where it is
+called.  It gives back a :class:`Pending`, and the member runs on the owner
+when the caller first does one of the three things such a result is for:
+
+* ``await pending``: the result is awaited there, and what that gives follows
+  the rule's ``"__await__"``;
+* ``async with pending as x``: it is entered there (and later exited there), and
+  ``x`` follows the rule's ``"__aenter__"`` (or the rule itself, when entering
+  gives back the object);
+* ``async for item in pending``: it is iterated there, as a stream, and each
+  item follows the rule's ``"__anext__"``.
+
+Invariants:
+
+* the member runs at most once per :class:`Pending`, on the owner loop; every
+  later use goes to the same object (``_obj`` is only read and written there);
+* whatever comes back is shaped by the proxy layer's ``own`` function, given at
+  construction: a proxy if a rule covers it, else the always-on check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from ._calls import Call, call_from_thread, route_call
+from ._operation import Options
+from ._ownership import on_owner_thread
+from ._ports import get_running_loop
+from ._returns import Owned
+from ._streams import BlockingStream, Channel, RemoteStream
+
+__all__ = ["Pending", "Own"]
+
+#: How the proxy layer turns an owner-side value into what the caller gets:
+#: ``own(value, rule, what, opts)``.
+Own = Callable[[Any, "Owned | None", str, Options], Any]
+
+_UNMADE: Any = object()
+
+
+class Pending:
+    """What a sync member with a ``returns`` rule gives back through a proxy.
+
+    Awaitable, an async context manager and async-iterable, each run on the
+    owner loop.  Its blocking face (``loopbridge.blocking(pending)``) is a
+    context manager and an iterator, and its ``result()`` waits for what
+    awaiting it gives.
+    """
+
+    __slots__ = ("_fn", "_args", "_kwargs", "_rule", "_opts", "_what", "_own", "_obj")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rule: Owned,
+        opts: Options,
+        what: str,
+        own: Own,
+    ) -> None:
+        self._fn = fn
+        self._args = args
+        self._kwargs = kwargs
+        self._rule = rule
+        self._opts = opts
+        self._what = what
+        self._own = own
+        self._obj = _UNMADE  # the member's result: owner side only
+
+    def __repr__(self) -> str:
+        return f"<loopbridge pending result of {self._what}>"
+
+    # -- async faces -------------------------------------------------------------
+    def __await__(self) -> Any:
+        return self._call(_await_on_owner, ()).__await__()
+
+    def __aenter__(self) -> Any:
+        return self._call(_enter_on_owner, ())
+
+    def __aexit__(self, et: Any, exc: Any, tb: Any) -> Any:
+        return self._call(_exit_on_owner, (et, exc, tb))
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        if on_owner_thread(self._opts.ownership):
+            return _iterate_on_owner(self)
+        return RemoteStream(Channel(_iterate_on_owner, (self,), {}, self._what, self._opts))
+
+    def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        opts = self._opts
+        if on_owner_thread(opts.ownership):
+            return fn(self, *args)
+        return route_call(opts, get_running_loop(), fn, (self, *args), {}, self._what)
+
+    # -- blocking faces (plain threads; see Blocking) ----------------------------
+    def _blocking(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        return call_from_thread(Call(fn, (self, *args), {}, self._what, self._opts))
+
+    def result_blocking(self) -> Any:
+        return self._blocking(_await_on_owner, ())
+
+    def enter_blocking(self) -> Any:
+        return self._blocking(_enter_on_owner, ())
+
+    def exit_blocking(self, et: Any, exc: Any, tb: Any) -> Any:
+        return self._blocking(_exit_on_owner, (et, exc, tb))
+
+    def iter_blocking(self) -> BlockingStream[Any]:
+        ch = Channel(_iterate_on_owner, (self,), {}, self._what, self._opts)
+        return BlockingStream._create(ch)
+
+
+# ------------------------------------------------------------------ owner side
+def _made(p: Pending) -> Any:
+    obj = p._obj
+    if obj is _UNMADE:
+        obj = p._obj = p._fn(*p._args, **p._kwargs)
+    return obj
+
+
+async def _await_on_owner(p: Pending) -> Any:
+    obj = _made(p)
+    value = await obj
+    rule = p._rule if value is obj else p._rule.returns.get("__await__")
+    return p._own(value, rule, f"awaiting {p._what}", p._opts)
+
+
+async def _enter_on_owner(p: Pending) -> Any:
+    obj = _made(p)
+    entered = await type(obj).__aenter__(obj)
+    # Entering often gives back the object itself (a connection, a pipeline).
+    rule = p._rule if entered is obj else p._rule.returns.get("__aenter__")
+    return p._own(entered, rule, f"entering {p._what}", p._opts)
+
+
+async def _exit_on_owner(p: Pending, et: Any, exc: Any, tb: Any) -> Any:
+    obj = p._obj
+    return await type(obj).__aexit__(obj, et, exc, tb)
+
+
+async def _iterate_on_owner(p: Pending) -> AsyncIterator[Any]:
+    obj = _made(p)
+    rule = p._rule.returns.get("__anext__")
+    what = f"iterating {p._what}"
+    it = obj.__aiter__()
+    try:
+        async for item in it:
+            yield p._own(item, rule, what, p._opts)
+    finally:
+        # Closed early (break, cancel): close the iterator here, on its loop.
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()
