@@ -15,10 +15,13 @@ to reach the expected value and returns the last count read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
+
+from loopbridge import LoopThread
 
 from .launch import Postgres, Redis, ServerUnavailable, postgres, redis
 
@@ -72,6 +75,21 @@ def pg_lock_waiters(server: Postgres) -> int:
     return _pg_count(server, "wait_event_type = 'Lock'")
 
 
+@contextlib.contextmanager
+def advisory_lock(server: Postgres, key: int) -> Iterator[None]:
+    """Holds PostgreSQL advisory lock ``key`` from a connection of its own while the
+    block runs: a statement taking the same lock waits on the server meanwhile."""
+    import asyncpg
+
+    with LoopThread("lock-holder") as holder:
+        conn = holder.run(asyncpg.connect, server.dsn)
+        try:
+            holder.run(conn.execute, f"SELECT pg_advisory_lock({int(key)})")
+            yield
+        finally:
+            holder.run(conn.close)
+
+
 def redis_clients(server: Redis) -> int:
     """Client connections to the server now, not counting the one asking."""
     import redis as sync_redis
@@ -94,7 +112,7 @@ def redis_blocked(server: Redis) -> int:
         client.close()
 
 
-def settle(count: Callable[[], int], expected: int, timeout: float = 10.0) -> int:
+def settle(count: Callable[[], int], expected: int, timeout: float = 5.0) -> int:
     """Read ``count()`` until it equals ``expected`` or ``timeout`` passes; the last value.
 
     The server ends a closed connection's backend after the client has gone, and

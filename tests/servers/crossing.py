@@ -94,10 +94,61 @@ def run_caller(kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     return anyio.run(fn, *args, backend="asyncio", backend_options=options)
 
 
-async def cancelled_while(op: Callable[[], Awaitable[Any]], blocked: Callable[[], None]) -> bool:
-    """Run ``op``; cancel it once ``blocked()`` (run in a thread) returns, which it
-    does when the server shows the operation waiting. True if it was cancelled
-    there, not finished."""
+# How a caller is cancelled: "task" is asyncio's Task.cancel() (delivered once);
+# "scope" is an anyio cancel scope (asyncio, uvloop) or trio's own, which cancel
+# every await inside the scope, the cleanup's included.
+CANCELS = (("task", "asyncio"), ("task", "uvloop"), ("scope", "asyncio"), ("scope", "uvloop"))
+CANCELS += (("scope", "trio"),)
+
+# Cleanup that a returned async context manager's __aexit__ runs on the owner is
+# lost when the caller's scope is already cancelled: the proxied __aexit__ call is
+# cancelled before it starts, while natively __aexit__ starts and its shielded
+# cleanup (asyncpg's pool release, redis-py's pub/sub close) completes.
+EXIT_UNDER_SCOPE = (
+    "known core bug: a proxied __aexit__ awaited in a cancelled scope never starts on the owner"
+)
+
+
+def cancel_params(exits_under_scope: bool) -> list[Any]:
+    """CANCELS as pytest params. With ``exits_under_scope`` (the operation leaves an
+    ``async with`` of a returned object when cancelled), the "scope" style is an
+    expected failure until the core bug above is fixed; not strict, because whether
+    the exit is cancelled before it starts on the owner depends on timing."""
+    out = []
+    for style, kind in CANCELS:
+        marks = []
+        if style == "scope" and exits_under_scope:
+            marks.append(pytest.mark.xfail(reason=EXIT_UNDER_SCOPE, strict=False))
+        out.append(pytest.param(style, kind, id=f"{style}-{kind}", marks=marks))
+    return out
+
+
+def cancelled_midway(
+    style: str, kind: str, op: Callable[[], Awaitable[Any]], blocked: Callable[[], None]
+) -> bool:
+    """Run ``op`` on a new ``kind`` loop; cancel it the ``style`` way once
+    ``blocked()`` (run in a thread) returns, which it does when the server shows the
+    operation waiting. True if it was cancelled there, not finished."""
+    if style == "scope":
+        return bool(run_caller(kind, _scope_cancelled, op, blocked))
+    return bool(run_caller(kind, _task_cancelled, op, blocked))
+
+
+async def _task_cancelled(op: Callable[[], Awaitable[Any]], blocked: Callable[[], None]) -> bool:
+    async def run() -> None:
+        await op()
+
+    task = asyncio.ensure_future(run())
+    await asyncio.to_thread(blocked)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return True
+    return False
+
+
+async def _scope_cancelled(op: Callable[[], Awaitable[Any]], blocked: Callable[[], None]) -> bool:
     import anyio
 
     finished = False

@@ -8,6 +8,7 @@ server's connection count checked after each.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,8 +16,16 @@ import pytest
 
 from loopbridge import LoopThread, blocking, is_proxy, unwrap
 
-from .conftest import pg_backends, pg_lock_waiters, settle
-from .crossing import CALLERS, OwnerHeld, cancelled_while, example, on_other_loop, run_caller
+from .conftest import advisory_lock, pg_backends, pg_lock_waiters, settle
+from .crossing import (
+    CALLERS,
+    OwnerHeld,
+    cancel_params,
+    cancelled_midway,
+    example,
+    on_other_loop,
+    run_caller,
+)
 from .launch import Postgres
 
 asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed (group: recipes)")
@@ -59,90 +68,93 @@ def test_raw_connection_shared_with_another_loop_fails(pg: Postgres) -> None:
 POOL_SIZE = 4
 
 
-def _open(owner: LoopThread, pg: Postgres) -> Any:
+@pytest.fixture
+def pool(pg: Postgres) -> Iterator[Any]:
+    """The recipe's pool on an owner loop thread. Tests close it and check the
+    server; if one fails first, this terminates it so the next starts clean."""
     recipe = example("asyncpg_pool")
-    return owner.run(lambda: recipe.open_pool(pg.dsn, min_size=POOL_SIZE, max_size=POOL_SIZE))
+    with LoopThread() as owner:
+        p = owner.run(lambda: recipe.open_pool(pg.dsn, min_size=POOL_SIZE, max_size=POOL_SIZE))
+        try:
+            yield p
+        finally:
+            if not unwrap(p).is_closing():
+                owner.run(lambda: _terminate(unwrap(p)))
 
 
-def test_pool_from_sixteen_threads(pg: Postgres) -> None:
+async def _terminate(pool: Any) -> None:
+    pool.terminate()
+
+
+def _close_and_check(pool: Any, pg: Postgres) -> None:
+    """Every connection back in the pool, the server seeing exactly those; then none."""
+    assert settle(lambda: unwrap(pool).get_idle_size(), POOL_SIZE) == POOL_SIZE
+    assert pg_backends(pg) == POOL_SIZE
+    blocking(pool).close()
+    assert settle(lambda: pg_backends(pg), 0) == 0
+
+
+def test_pool_from_sixteen_threads(pool: Any, pg: Postgres) -> None:
     """The blocking face under a 16-worker thread pool: every transaction right,
     never more server connections than the pool holds, none left after close."""
     recipe = example("asyncpg_pool")
-    with LoopThread() as owner:
-        pool = _open(owner, pg)
-        with ThreadPoolExecutor(16) as workers:
-            got = list(workers.map(lambda i: recipe.view(pool, i), range(400)))
-        assert got == [2 * i for i in range(400)]
-        assert pg_backends(pg) == POOL_SIZE
-        assert unwrap(pool).get_idle_size() == POOL_SIZE  # every connection came back
-        blocking(pool).close()
-    assert settle(lambda: pg_backends(pg), 0) == 0
+    with ThreadPoolExecutor(16) as workers:
+        got = list(workers.map(lambda i: recipe.view(pool, i), range(400)))
+    assert got == [2 * i for i in range(400)]
+    _close_and_check(pool, pg)
 
 
 @pytest.mark.parametrize("caller", CALLERS)
-def test_pool_from_other_loops(pg: Postgres, caller: str) -> None:
+def test_pool_from_other_loops(pool: Any, pg: Postgres, caller: str) -> None:
     """Connections from acquire() are proxies; transactions commit and roll back on
     the owner, from asyncio, uvloop and trio callers."""
     recipe = example("asyncpg_pool")
-    with LoopThread() as owner:
-        pool = _open(owner, pg)
 
-        async def scenario() -> None:
-            import anyio
+    async def scenario() -> None:
+        import anyio
 
-            await pool.execute("CREATE TEMP TABLE IF NOT EXISTS t (n int)")
-            async with pool.acquire() as conn:
-                assert is_proxy(conn)
-                await conn.execute("CREATE TABLE IF NOT EXISTS items (n int)")
-                await conn.execute("TRUNCATE items")
-                with pytest.raises(ZeroDivisionError):
-                    async with conn.transaction():
-                        await conn.execute("INSERT INTO items VALUES (1)")
-                        raise ZeroDivisionError  # rolls back, on the owner
+        async with pool.acquire() as conn:
+            assert is_proxy(conn)
+            await conn.execute("CREATE TABLE IF NOT EXISTS items (n int)")
+            await conn.execute("TRUNCATE items")
+            with pytest.raises(ZeroDivisionError):
                 async with conn.transaction():
-                    await conn.execute("INSERT INTO items VALUES (2)")
-            assert await pool.fetchval("SELECT array_agg(n) FROM items") == [2]
-            results = []
+                    await conn.execute("INSERT INTO items VALUES (1)")
+                    raise ZeroDivisionError  # rolls back, on the owner
+            async with conn.transaction():
+                await conn.execute("INSERT INTO items VALUES (2)")
+        assert await pool.fetchval("SELECT array_agg(n) FROM items") == [2]
+        results = []
 
-            async def one(i: int) -> None:
-                results.append(await recipe.handler(pool, i))
+        async def one(i: int) -> None:
+            results.append(await recipe.handler(pool, i))
 
-            async with anyio.create_task_group() as tg:
-                for i in range(64):
-                    tg.start_soon(one, i)
-            assert sorted(results) == [2 * i for i in range(64)]
-            await pool.execute("DROP TABLE items")
+        async with anyio.create_task_group() as tg:
+            for i in range(64):
+                tg.start_soon(one, i)
+        assert sorted(results) == [2 * i for i in range(64)]
+        await pool.execute("DROP TABLE items")
 
-        run_caller(caller, scenario)
-        assert pg_backends(pg) == POOL_SIZE
-        assert unwrap(pool).get_idle_size() == POOL_SIZE
-        blocking(pool).close()
-    assert settle(lambda: pg_backends(pg), 0) == 0
+    run_caller(caller, scenario)
+    _close_and_check(pool, pg)
 
 
-@pytest.mark.parametrize("caller", CALLERS)
-def test_cancelling_a_query_from_another_loop(pg: Postgres, caller: str) -> None:
+@pytest.mark.parametrize(("style", "caller"), cancel_params(exits_under_scope=True))
+def test_cancelling_a_query_from_another_loop(
+    pool: Any, pg: Postgres, style: str, caller: str
+) -> None:
     """A caller cancelled while its query waits on the server: the query is cancelled
     on the server, the connection goes back to the pool, and the pool still works."""
-    import asyncpg
 
-    with LoopThread() as owner:
-        pool = _open(owner, pg)
-        holder = owner.run(lambda: asyncpg.connect(pg.dsn))  # plain, on the owner
-        owner.run(lambda: holder.execute("SELECT pg_advisory_lock(7)"))
+    async def waits_for_the_lock() -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_lock(7)")
 
-        async def waits_for_the_lock() -> None:
-            async with pool.acquire() as conn, conn.transaction():
-                await conn.execute("SELECT pg_advisory_lock(7)")
+    def blocked() -> None:
+        assert settle(lambda: pg_lock_waiters(pg), 1) == 1
 
-        def blocked() -> None:
-            assert settle(lambda: pg_lock_waiters(pg), 1) == 1
-
-        assert run_caller(caller, cancelled_while, waits_for_the_lock, blocked)
+    with advisory_lock(pg, 7):
+        assert cancelled_midway(style, caller, waits_for_the_lock, blocked)
         assert settle(lambda: pg_lock_waiters(pg), 0) == 0  # cancelled on the server too
-        owner.run(holder.close)
-        assert run_caller(caller, example("asyncpg_pool").handler, pool, 5) == 10
-        assert settle(lambda: unwrap(pool).get_idle_size(), POOL_SIZE) == POOL_SIZE
-        assert pg_backends(pg) == POOL_SIZE
-        blocking(pool).close()
-    assert settle(lambda: pg_backends(pg), 0) == 0
+    assert run_caller(caller, example("asyncpg_pool").handler, pool, 5) == 10
+    _close_and_check(pool, pg)

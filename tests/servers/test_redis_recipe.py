@@ -9,6 +9,7 @@ loopbridge from every kind of caller.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,7 +18,15 @@ import pytest
 from loopbridge import LoopThread, blocking, is_proxy, unwrap
 
 from .conftest import redis_blocked, redis_clients, settle
-from .crossing import CALLERS, OwnerHeld, cancelled_while, example, on_other_loop, run_caller
+from .crossing import (
+    CALLERS,
+    OwnerHeld,
+    cancel_params,
+    cancelled_midway,
+    example,
+    on_other_loop,
+    run_caller,
+)
 from .launch import Redis
 
 aioredis = pytest.importorskip("redis.asyncio", reason="redis is not installed (group: recipes)")
@@ -63,11 +72,17 @@ def test_raw_client_shared_with_another_loop_fails(redis_server: Redis) -> None:
     assert settle(lambda: redis_clients(redis_server), 0) == 0
 
 
-def _open(owner: LoopThread, server: Redis) -> Any:
+@pytest.fixture
+def client(redis_server: Redis) -> Iterator[Any]:
+    """The recipe's client on an owner loop thread; closed at the end either way."""
     recipe = example("redis_client")
-    client = owner.run(recipe.open_client, server.url)
-    blocking(client).delete("hits", "queue").result()
-    return client
+    with LoopThread() as owner:
+        c = owner.run(recipe.open_client, redis_server.url)
+        blocking(c).delete("hits", "queue", "a").result()
+        try:
+            yield c
+        finally:
+            blocking(c).aclose()
 
 
 def _pooled(client: Any) -> int:
@@ -78,100 +93,105 @@ def _pooled(client: Any) -> int:
     return sum(1 for c in pool._available_connections if c.is_connected)
 
 
-def test_client_from_sixteen_threads(redis_server: Redis) -> None:
+def _close_and_check(client: Any, server: Redis) -> None:
+    assert settle(lambda: redis_clients(server), _pooled(client)) == _pooled(client)
+    blocking(client).aclose()
+    assert settle(lambda: redis_clients(server), 0) == 0
+
+
+def test_client_from_sixteen_threads(client: Any, redis_server: Redis) -> None:
     """Commands and transactions from a 16-worker thread pool: every increment
     counted once, no more server connections than the client's pool opened."""
     recipe = example("redis_client")
-    with LoopThread() as owner:
-        client = _open(owner, redis_server)
-        with ThreadPoolExecutor(16) as workers:
-            got = list(workers.map(lambda _: recipe.view(client, "hits"), range(200)))
-        assert sorted(n for pair in got for n in pair)[-1] == 600
-        assert int(blocking(client).get("hits").result()) == 600
-        assert redis_clients(redis_server) == _pooled(client) <= 16
-        blocking(client).aclose()
-    assert settle(lambda: redis_clients(redis_server), 0) == 0
+    with ThreadPoolExecutor(16) as workers:
+        got = list(workers.map(lambda _: recipe.view(client, "hits"), range(200)))
+    assert sorted(n for pair in got for n in pair)[-1] == 600
+    assert int(blocking(client).get("hits").result()) == 600
+    assert _pooled(client) <= 16
+    _close_and_check(client, redis_server)
 
 
 @pytest.mark.parametrize("caller", CALLERS)
-def test_client_and_pubsub_from_other_loops(redis_server: Redis, caller: str) -> None:
+def test_client_and_pubsub_from_other_loops(client: Any, redis_server: Redis, caller: str) -> None:
     """Commands, pipelines and a pub/sub stream from asyncio, uvloop and trio."""
     recipe = example("redis_client")
-    with LoopThread() as owner:
-        client = _open(owner, redis_server)
 
-        async def scenario() -> None:
-            import anyio
+    async def scenario() -> None:
+        import anyio
 
-            async def one(_: int) -> None:
-                await recipe.handler(client, "hits")
+        async def one(_: int) -> None:
+            await recipe.handler(client, "hits")
 
-            async with anyio.create_task_group() as tg:
-                for i in range(50):
-                    tg.start_soon(one, i)
-            assert int(await client.get("hits")) == 150
-            async with client.pipeline(transaction=True) as pipe:
-                assert is_proxy(pipe)
-                pipe.set("a", 1)
-                pipe.incr("a")
-                assert await pipe.execute() == [True, 2]
-            assert await recipe.consume(client, "news", 1) == [b"hello"]
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(one, i)
+        assert int(await client.get("hits")) == 150
+        async with client.pipeline(transaction=True) as pipe:
+            assert is_proxy(pipe)
+            pipe.set("a", 1)
+            pipe.incr("a")
+            assert await pipe.execute() == [True, 2]
+        assert await recipe.consume(client, "news", 1) == [b"hello"]
 
-            # A longer stream: 200 messages, published after the subscription.
-            async with client.pubsub() as pubsub:
-                assert is_proxy(pubsub)
-                await pubsub.subscribe("feed")
-                seen: list[bytes] = []
-                async for message in pubsub.listen():
-                    if message["type"] == "subscribe":
-                        for i in range(200):
-                            await client.publish("feed", str(i))
-                    elif message["type"] == "message":
-                        seen.append(message["data"])
-                        if len(seen) == 200:
-                            break
-                assert seen == [str(i).encode() for i in range(200)]
-            assert await client.pubsub_numsub("feed") == [(b"feed", 0)]
+        # A longer stream: 200 messages, published after the subscription.
+        async with client.pubsub() as pubsub:
+            assert is_proxy(pubsub)
+            await pubsub.subscribe("feed")
+            seen: list[bytes] = []
+            async for message in pubsub.listen():
+                if message["type"] == "subscribe":
+                    for i in range(200):
+                        await client.publish("feed", str(i))
+                elif message["type"] == "message":
+                    seen.append(message["data"])
+                    if len(seen) == 200:
+                        break
+            assert seen == [str(i).encode() for i in range(200)]
+        assert await client.pubsub_numsub("feed") == [(b"feed", 0)]
 
-        run_caller(caller, scenario)
-        assert redis_clients(redis_server) == _pooled(client)
-        blocking(client).aclose()
-    assert settle(lambda: redis_clients(redis_server), 0) == 0
+    run_caller(caller, scenario)
+    _close_and_check(client, redis_server)
 
 
-@pytest.mark.parametrize("caller", CALLERS)
-def test_cancelling_a_blocked_command_and_a_stream(redis_server: Redis, caller: str) -> None:
-    """A caller cancelled in BLPOP, and one cancelled while its pub/sub stream waits
-    for a message: the server sees neither blocked nor subscribed afterwards, the
-    connections are returned or closed, and the client still works."""
-    with LoopThread() as owner:
-        client = _open(owner, redis_server)
+@pytest.mark.parametrize(("style", "caller"), cancel_params(exits_under_scope=False))
+def test_cancelling_a_blocked_command(
+    client: Any, redis_server: Redis, style: str, caller: str
+) -> None:
+    """A caller cancelled in BLPOP: the server no longer sees it blocked, the
+    interrupted connection is closed, and the client still works."""
 
-        async def blpop() -> None:
-            await client.blpop(["queue"], timeout=0)  # waits forever for an item
+    async def blpop() -> None:
+        await client.blpop(["queue"], timeout=0)  # waits forever for an item
 
-        def blocked() -> None:
-            assert settle(lambda: redis_blocked(redis_server), 1) == 1
+    def blocked() -> None:
+        assert settle(lambda: redis_blocked(redis_server), 1) == 1
 
-        assert run_caller(caller, cancelled_while, blpop, blocked)
-        assert settle(lambda: redis_blocked(redis_server), 0) == 0
+    assert cancelled_midway(style, caller, blpop, blocked)
+    assert settle(lambda: redis_blocked(redis_server), 0) == 0
+    blocking(client).rpush("queue", "x").result()  # nobody took it: BLPOP ended
+    assert blocking(client).lpop("queue").result() == b"x"
+    _close_and_check(client, redis_server)
 
-        def numsub() -> int:
-            return int(dict(blocking(client).pubsub_numsub("feed").result())[b"feed"])
 
-        def subscribed() -> None:
-            assert settle(numsub, 1) == 1
+@pytest.mark.parametrize(("style", "caller"), cancel_params(exits_under_scope=True))
+def test_cancelling_a_pubsub_stream(
+    client: Any, redis_server: Redis, style: str, caller: str
+) -> None:
+    """A caller cancelled while its pub/sub stream waits for a message: the stream
+    and the pub/sub object close on the owner, so the server sees no subscriber."""
 
-        async def listen() -> None:
-            async with client.pubsub() as pubsub:
-                await pubsub.subscribe("feed")
-                async for _ in pubsub.listen():
-                    pass
+    def numsub() -> int:
+        return int(dict(blocking(client).pubsub_numsub("feed").result())[b"feed"])
 
-        assert run_caller(caller, cancelled_while, listen, subscribed)
-        assert settle(numsub, 0) == 0  # the stream's exit unsubscribed, on the owner
-        blocking(client).rpush("queue", "x").result()  # nobody took it: BLPOP ended
-        assert blocking(client).lpop("queue").result() == b"x"
-        assert settle(lambda: redis_clients(redis_server), _pooled(client)) == _pooled(client)
-        blocking(client).aclose()
-    assert settle(lambda: redis_clients(redis_server), 0) == 0
+    def subscribed() -> None:
+        assert settle(numsub, 1) == 1
+
+    async def listen() -> None:
+        async with client.pubsub() as pubsub:
+            await pubsub.subscribe("feed")
+            async for _ in pubsub.listen():
+                pass
+
+    assert cancelled_midway(style, caller, listen, subscribed)
+    assert settle(numsub, 0) == 0  # the stream's exit unsubscribed, on the owner
+    _close_and_check(client, redis_server)

@@ -8,6 +8,7 @@ pooled engine through loopbridge from every kind of caller.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,8 +16,16 @@ import pytest
 
 from loopbridge import LoopThread, blocking, is_proxy, unwrap
 
-from .conftest import pg_backends, pg_lock_waiters, settle
-from .crossing import CALLERS, OwnerHeld, cancelled_while, example, on_other_loop, run_caller
+from .conftest import advisory_lock, pg_backends, pg_lock_waiters, settle
+from .crossing import (
+    CALLERS,
+    OwnerHeld,
+    cancel_params,
+    cancelled_midway,
+    example,
+    on_other_loop,
+    run_caller,
+)
 from .launch import Postgres
 
 pytest.importorskip("asyncpg", reason="asyncpg is not installed (group: recipes)")
@@ -86,8 +95,10 @@ def test_raw_nullpool_workaround_opens_a_connection_per_use(pg: Postgres) -> Non
 POOL_SIZE = 4
 
 
-def _open(owner: LoopThread, pg: Postgres) -> tuple[AsyncEngine, list[int]]:
-    """The recipe's pooled engine, and a list that grows by one per server connection."""
+@pytest.fixture
+def pooled(pg: Postgres) -> Iterator[tuple[AsyncEngine, list[int]]]:
+    """The recipe's pooled engine on an owner loop thread, and a list that grows by
+    one per server connection it opens; disposed at the end either way."""
     recipe = example("sqlalchemy_engine")
 
     async def make() -> tuple[AsyncEngine, list[int]]:
@@ -96,91 +107,99 @@ def _open(owner: LoopThread, pg: Postgres) -> tuple[AsyncEngine, list[int]]:
         event.listen(unwrap(engine).sync_engine, "connect", lambda *_: connects.append(1))
         return engine, connects
 
-    return owner.run(make)
+    with LoopThread() as owner:
+        engine, connects = owner.run(make)
+        try:
+            yield engine, connects
+        finally:
+            blocking(engine).dispose()
 
 
-def test_pooled_engine_from_sixteen_threads(pg: Postgres) -> None:
+def _dispose_and_check(engine: AsyncEngine, pg: Postgres) -> None:
+    """Every connection checked in, the server seeing no more than the pool; then none."""
+    assert settle(lambda: unwrap(engine).pool.checkedout(), 0) == 0
+    assert pg_backends(pg) <= POOL_SIZE
+    blocking(engine).dispose()
+    assert settle(lambda: pg_backends(pg), 0) == 0
+
+
+def test_pooled_engine_from_sixteen_threads(
+    pooled: tuple[AsyncEngine, list[int]], pg: Postgres
+) -> None:
     """The blocking face under a 16-worker thread pool: every transaction right, and
     the pool, not the callers, decides how many server connections there are."""
     recipe = example("sqlalchemy_engine")
-    with LoopThread() as owner:
-        engine, connects = _open(owner, pg)
-        with ThreadPoolExecutor(16) as workers:
-            got = list(workers.map(lambda i: recipe.view(engine, i), range(400)))
-        assert got == [2 * i for i in range(400)]
-        assert len(connects) <= POOL_SIZE  # NullPool would have opened 400
-        assert pg_backends(pg) == len(connects)
-        assert unwrap(engine).pool.checkedout() == 0
-        blocking(engine).dispose()
-    assert settle(lambda: pg_backends(pg), 0) == 0
+    engine, connects = pooled
+    with ThreadPoolExecutor(16) as workers:
+        got = list(workers.map(lambda i: recipe.view(engine, i), range(400)))
+    assert got == [2 * i for i in range(400)]
+    assert len(connects) <= POOL_SIZE  # NullPool would have opened 400
+    assert pg_backends(pg) == len(connects)
+    _dispose_and_check(engine, pg)
 
 
 @pytest.mark.parametrize("caller", CALLERS)
-def test_pooled_engine_from_other_loops(pg: Postgres, caller: str) -> None:
+def test_pooled_engine_from_other_loops(
+    pooled: tuple[AsyncEngine, list[int]], pg: Postgres, caller: str
+) -> None:
     """The pooled engine used from asyncio, uvloop and trio callers: connections are
     proxies, begin() commits or rolls back on the owner, and the pool is reused."""
     recipe = example("sqlalchemy_engine")
-    with LoopThread() as owner:
-        engine, connects = _open(owner, pg)
+    engine, connects = pooled
 
-        async def scenario() -> None:
-            import anyio
+    async def scenario() -> None:
+        import anyio
 
+        async with engine.begin() as conn:
+            assert is_proxy(conn)
+            await conn.execute(text("CREATE TABLE IF NOT EXISTS items (n int)"))
+            await conn.execute(text("TRUNCATE items"))
+        with pytest.raises(ZeroDivisionError):
             async with engine.begin() as conn:
-                assert is_proxy(conn)
-                await conn.execute(text("CREATE TABLE IF NOT EXISTS items (n int)"))
-                await conn.execute(text("TRUNCATE items"))
-            with pytest.raises(ZeroDivisionError):
-                async with engine.begin() as conn:
-                    await conn.execute(text("INSERT INTO items VALUES (1)"))
-                    raise ZeroDivisionError  # rolled back, on the owner
-            async with engine.connect() as conn:
-                async with conn.begin():
-                    await conn.execute(text("INSERT INTO items VALUES (2)"))
-                rows = (await conn.execute(text("SELECT n FROM items"))).scalars().all()
-                assert rows == [2]
-            results = []
+                await conn.execute(text("INSERT INTO items VALUES (1)"))
+                raise ZeroDivisionError  # rolled back, on the owner
+        async with engine.connect() as conn:
+            async with conn.begin():
+                await conn.execute(text("INSERT INTO items VALUES (2)"))
+            rows = (await conn.execute(text("SELECT n FROM items"))).scalars().all()
+            assert rows == [2]
+        results = []
 
-            async def one(i: int) -> None:
-                results.append(await recipe.handler(engine, i))
+        async def one(i: int) -> None:
+            results.append(await recipe.handler(engine, i))
 
-            async with anyio.create_task_group() as tg:
-                for i in range(64):
-                    tg.start_soon(one, i)
-            assert sorted(results) == [2 * i for i in range(64)]
-            async with engine.begin() as conn:
-                await conn.execute(text("DROP TABLE items"))
+        async with anyio.create_task_group() as tg:
+            for i in range(64):
+                tg.start_soon(one, i)
+        assert sorted(results) == [2 * i for i in range(64)]
+        async with engine.begin() as conn:
+            await conn.execute(text("DROP TABLE items"))
 
-        run_caller(caller, scenario)
-        assert len(connects) <= POOL_SIZE
-        assert unwrap(engine).pool.checkedout() == 0
-        blocking(engine).dispose()
-    assert settle(lambda: pg_backends(pg), 0) == 0
+    run_caller(caller, scenario)
+    assert len(connects) <= POOL_SIZE
+    _dispose_and_check(engine, pg)
 
 
-@pytest.mark.parametrize("caller", CALLERS)
-def test_cancelling_a_statement_from_another_loop(pg: Postgres, caller: str) -> None:
+@pytest.mark.parametrize(("style", "caller"), cancel_params(exits_under_scope=False))
+def test_cancelling_a_statement_from_another_loop(
+    pooled: tuple[AsyncEngine, list[int]], pg: Postgres, style: str, caller: str
+) -> None:
     """A caller cancelled while its statement waits on the server: the connection is
     checked back in (or invalidated and replaced), and the engine still works."""
     recipe = example("sqlalchemy_engine")
-    with LoopThread() as owner:
-        engine, _ = _open(owner, pg)
+    engine, _ = pooled
 
-        async def waits_for_the_lock() -> None:
-            async with engine.begin() as conn:
-                await conn.execute(text("SELECT pg_advisory_xact_lock(7)"))
+    async def waits_for_the_lock() -> None:
+        async with engine.begin() as conn:
+            await conn.execute(text("SELECT pg_advisory_lock(7)"))
 
-        def blocked() -> None:
-            assert settle(lambda: pg_lock_waiters(pg), 1) == 1
+    def blocked() -> None:
+        assert settle(lambda: pg_lock_waiters(pg), 1) == 1
 
-        with blocking(engine).begin() as holder:  # holds the lock until it commits
-            blocking(holder).execute(text("SELECT pg_advisory_xact_lock(7)"))
-            assert run_caller(caller, cancelled_while, waits_for_the_lock, blocked)
-        # SQLAlchemy invalidates a connection interrupted mid-statement; the server
-        # ends that session once its lock wait ends.
-        assert settle(lambda: pg_lock_waiters(pg), 0) == 0
-        assert run_caller(caller, recipe.handler, engine, 5) == 10
-        assert settle(lambda: unwrap(engine).pool.checkedout(), 0) == 0
-        assert pg_backends(pg) <= POOL_SIZE
-        blocking(engine).dispose()
-    assert settle(lambda: pg_backends(pg), 0) == 0
+    with advisory_lock(pg, 7):
+        assert cancelled_midway(style, caller, waits_for_the_lock, blocked)
+    # SQLAlchemy invalidates a connection interrupted mid-statement; the server
+    # ends that session once its lock wait ends.
+    assert settle(lambda: pg_lock_waiters(pg), 0) == 0
+    assert run_caller(caller, recipe.handler, engine, 5) == 10
+    _dispose_and_check(engine, pg)
