@@ -5,6 +5,7 @@ loopbridge from this tree), unless the line just above the fence is a marker::
 
     <!-- snippet: typecheck because REASON; given: NAME, NAME -->
     <!-- snippet: skip because REASON -->
+    <!-- snippet: recipe because REASON; name: NAME -->
 
 ``typecheck`` is for snippets that cannot run here: they need vLLM's engine, or
 show calls from several loops and threads in one listing.  The block becomes
@@ -12,8 +13,11 @@ the body of an ``async def`` (so ``await`` and ``async for`` may appear at the
 top level), whose parameters are the ``given`` names, typed ``Any``: the objects
 the prose says you already have.  mypy then checks every loopbridge name and
 signature the snippet uses.  ``skip`` is for blocks that are not code to check
-(a sample of interactive output).  The reason is mandatory: a reader of the
-Markdown source sees why a block is not run.
+(a sample of interactive output).  ``recipe`` is for the recipes' code
+(docs/recipes.md): ``tests/recipes`` loads the blocks of each name as a module
+and runs them against real servers, so a recipe is exactly what its tests
+execute.  The reason is mandatory: a reader of the Markdown source sees why a
+block is not run here.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 _FENCE = re.compile(r"^```python\s*$")
 _MARKER = re.compile(
-    r"^<!-- snippet: (?P<kind>typecheck|skip) because (?P<reason>[^;]+?)"
-    r"(?:; given: (?P<given>[\w, ]+))? -->$"
+    r"^<!-- snippet: (?P<kind>typecheck|skip|recipe) because (?P<reason>[^;]+?)"
+    r"(?:; given: (?P<given>[\w, ]+))?(?:; name: (?P<name>[\w-]+))? -->$"
 )
 
 
@@ -48,6 +52,7 @@ class Snippet:
     kind: str  # "run", "typecheck" or "skip"
     code: str
     given: tuple[str, ...]
+    name: str | None = None  # a recipe's name
 
     @property
     def id(self) -> str:
@@ -78,6 +83,7 @@ def snippets() -> list[Snippet]:
                         marker.group("kind") if marker else "run",
                         "\n".join(lines[i + 1 : end]) + "\n",
                         tuple(n.strip() for n in given.split(",")) if given else (),
+                        marker.group("name") if marker else None,
                     )
                 )
                 i = end
@@ -162,3 +168,11 @@ def test_every_block_is_accounted_for() -> None:
     assert "run" in kinds and "typecheck" in kinds
     for s in ALL:
         assert s.code.strip(), f"{s.id}: empty block"
+        assert (s.kind == "recipe") == (s.name is not None), f"{s.id}: a recipe, and only one, has a name"
+    # Every recipe is loaded by a test under tests/recipes or tests/servers (which runs it).
+    tests = "\n".join(
+        p.read_text() for d in ("recipes", "servers") for p in (ROOT / "tests" / d).glob("test_*.py")
+    )
+    for s in ALL:
+        if s.kind == "recipe":
+            assert f'load_recipe("{s.name}")' in tests, f"{s.id}: no test loads recipe {s.name!r}"

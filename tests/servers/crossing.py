@@ -12,7 +12,7 @@ every time.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import re
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -22,9 +22,8 @@ from typing import Any
 
 import pytest
 
-import loopbridge
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
+_RECIPE = re.compile(r"^<!-- snippet: recipe because [^;]+; name: (?P<name>[\w-]+) -->$")
 
 WAIT = 30.0  # bound on every wait, so a broken demonstration fails instead of hanging
 
@@ -165,15 +164,25 @@ async def _scope_cancelled(op: Callable[[], Awaitable[Any]], blocked: Callable[[
     return scope.cancelled_caught and not finished
 
 
-def example(name: str) -> ModuleType:
-    """The recipe in examples/recipes/<name>.py (the code docs/recipes.md shows)."""
-    if not hasattr(loopbridge, "Owned"):
-        pytest.skip("needs returned loop-bound objects (loopbridge.Owned)")
-    module = sys.modules.get(f"recipe_{name}")
+def load_recipe(name: str) -> ModuleType:
+    """The recipe ``name`` of docs/recipes.md as a module: its blocks marked
+    ``<!-- snippet: recipe because ...; name: NAME -->``, in page order, are the
+    source, so the tests run exactly what the page shows."""
+    modname = f"recipe_{name}"
+    module = sys.modules.get(modname)
     if module is None:
-        spec = importlib.util.spec_from_file_location(f"recipe_{name}", EXAMPLES / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        lines = PAGE.read_text().splitlines()
+        blocks = []
+        for i, line in enumerate(lines):
+            m = _RECIPE.match(line)
+            if m is not None and m["name"] == name:
+                end = lines.index("```", i + 2)
+                blocks.append("\n".join(lines[i + 2 : end]))
+        assert blocks, f"no recipe named {name!r} in {PAGE.name}"
+        module = ModuleType(modname)
+        module.__file__ = f"{PAGE}#{name}"
+        sys.modules[modname] = module
+        exec(
+            compile("\n\n".join(blocks) + "\n", f"<docs/recipes.md: {name}>", "exec"), vars(module)
+        )
     return module

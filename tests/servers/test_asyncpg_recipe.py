@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from loopbridge import LoopThread, blocking, is_proxy, unwrap
+from loopbridge import LoopThread, is_proxy, unwrap
 
 from .conftest import advisory_lock, pg_backends, pg_lock_waiters, settle
 from .crossing import (
@@ -22,13 +22,14 @@ from .crossing import (
     OwnerHeld,
     cancel_params,
     cancelled_midway,
-    example,
+    load_recipe,
     on_other_loop,
     run_caller,
 )
 from .launch import Postgres
 
 asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed (group: recipes)")
+recipe = load_recipe("asyncpg")
 
 
 async def _pool(pg: Postgres, size: int) -> Any:
@@ -72,9 +73,8 @@ POOL_SIZE = 4
 def pool(pg: Postgres) -> Iterator[Any]:
     """The recipe's pool on an owner loop thread. Tests close it and check the
     server; if one fails first, this terminates it so the next starts clean."""
-    recipe = example("asyncpg_pool")
     with LoopThread() as owner:
-        p = owner.run(lambda: recipe.open_pool(pg.dsn, min_size=POOL_SIZE, max_size=POOL_SIZE))
+        p = recipe.open_pool(owner, pg.dsn, min_size=POOL_SIZE, max_size=POOL_SIZE)
         try:
             yield p
         finally:
@@ -90,16 +90,15 @@ def _close_and_check(pool: Any, pg: Postgres) -> None:
     """Every connection back in the pool, the server seeing exactly those; then none."""
     assert settle(lambda: unwrap(pool).get_idle_size(), POOL_SIZE) == POOL_SIZE
     assert pg_backends(pg) == POOL_SIZE
-    blocking(pool).close()
+    recipe.close_pool(pool)
     assert settle(lambda: pg_backends(pg), 0) == 0
 
 
 def test_pool_from_sixteen_threads(pool: Any, pg: Postgres) -> None:
     """The blocking face under a 16-worker thread pool: every transaction right,
     never more server connections than the pool holds, none left after close."""
-    recipe = example("asyncpg_pool")
     with ThreadPoolExecutor(16) as workers:
-        got = list(workers.map(lambda i: recipe.view(pool, i), range(400)))
+        got = list(workers.map(lambda i: recipe.double(pool, i), range(400)))
     assert got == [2 * i for i in range(400)]
     _close_and_check(pool, pg)
 
@@ -108,7 +107,6 @@ def test_pool_from_sixteen_threads(pool: Any, pg: Postgres) -> None:
 def test_pool_from_other_loops(pool: Any, pg: Postgres, caller: str) -> None:
     """Connections from acquire() are proxies; transactions commit and roll back on
     the owner, from asyncio, uvloop and trio callers."""
-    recipe = example("asyncpg_pool")
 
     async def scenario() -> None:
         import anyio
@@ -127,7 +125,7 @@ def test_pool_from_other_loops(pool: Any, pg: Postgres, caller: str) -> None:
         results = []
 
         async def one(i: int) -> None:
-            results.append(await recipe.handler(pool, i))
+            results.append(await recipe.double_async(pool, i))
 
         async with anyio.create_task_group() as tg:
             for i in range(64):
@@ -156,5 +154,5 @@ def test_cancelling_a_query_from_another_loop(
     with advisory_lock(pg, 7):
         assert cancelled_midway(style, caller, waits_for_the_lock, blocked)
         assert settle(lambda: pg_lock_waiters(pg), 0) == 0  # cancelled on the server too
-    assert run_caller(caller, example("asyncpg_pool").handler, pool, 5) == 10
+    assert run_caller(caller, recipe.double_async, pool, 5) == 10
     _close_and_check(pool, pg)

@@ -23,13 +23,14 @@ from .crossing import (
     OwnerHeld,
     cancel_params,
     cancelled_midway,
-    example,
+    load_recipe,
     on_other_loop,
     run_caller,
 )
 from .launch import Redis
 
 aioredis = pytest.importorskip("redis.asyncio", reason="redis is not installed (group: recipes)")
+recipe = load_recipe("redis")
 
 
 async def _client(server: Redis) -> Any:
@@ -75,9 +76,8 @@ def test_raw_client_shared_with_another_loop_fails(redis_server: Redis) -> None:
 @pytest.fixture
 def client(redis_server: Redis) -> Iterator[Any]:
     """The recipe's client on an owner loop thread; closed at the end either way."""
-    recipe = example("redis_client")
     with LoopThread() as owner:
-        c = owner.run(recipe.open_client, redis_server.url)
+        c = recipe.open_client(owner, redis_server.url)
         blocking(c).delete("hits", "queue", "a").result()
         try:
             yield c
@@ -95,16 +95,15 @@ def _pooled(client: Any) -> int:
 
 def _close_and_check(client: Any, server: Redis) -> None:
     assert settle(lambda: redis_clients(server), _pooled(client)) == _pooled(client)
-    blocking(client).aclose()
+    recipe.close_client(client)
     assert settle(lambda: redis_clients(server), 0) == 0
 
 
 def test_client_from_sixteen_threads(client: Any, redis_server: Redis) -> None:
     """Commands and transactions from a 16-worker thread pool: every increment
     counted once, no more server connections than the client's pool opened."""
-    recipe = example("redis_client")
     with ThreadPoolExecutor(16) as workers:
-        got = list(workers.map(lambda _: recipe.view(client, "hits"), range(200)))
+        got = list(workers.map(lambda _: recipe.count_hit(client, "hits"), range(200)))
     assert sorted(n for pair in got for n in pair)[-1] == 600
     assert int(blocking(client).get("hits").result()) == 600
     assert _pooled(client) <= 16
@@ -114,13 +113,12 @@ def test_client_from_sixteen_threads(client: Any, redis_server: Redis) -> None:
 @pytest.mark.parametrize("caller", CALLERS)
 def test_client_and_pubsub_from_other_loops(client: Any, redis_server: Redis, caller: str) -> None:
     """Commands, pipelines and a pub/sub stream from asyncio, uvloop and trio."""
-    recipe = example("redis_client")
 
     async def scenario() -> None:
         import anyio
 
         async def one(_: int) -> None:
-            await recipe.handler(client, "hits")
+            await recipe.count_hit_async(client, "hits")
 
         async with anyio.create_task_group() as tg:
             for i in range(50):
@@ -131,7 +129,7 @@ def test_client_and_pubsub_from_other_loops(client: Any, redis_server: Redis, ca
             pipe.set("a", 1)
             pipe.incr("a")
             assert await pipe.execute() == [True, 2]
-        assert await recipe.consume(client, "news", 1) == [b"hello"]
+        assert await recipe.first_messages(client, "news", 3) == [b"0", b"1", b"2"]
 
         # A longer stream: 200 messages, published after the subscription.
         async with client.pubsub() as pubsub:

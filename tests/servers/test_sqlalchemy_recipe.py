@@ -22,7 +22,7 @@ from .crossing import (
     OwnerHeld,
     cancel_params,
     cancelled_midway,
-    example,
+    load_recipe,
     on_other_loop,
     run_caller,
 )
@@ -35,6 +35,8 @@ sqlalchemy = pytest.importorskip(
 from sqlalchemy import event, text  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E402
 from sqlalchemy.pool import NullPool  # noqa: E402
+
+recipe = load_recipe("sqlalchemy")
 
 
 def _engine(pg: Postgres, **kw: Any) -> tuple[AsyncEngine, list[int]]:
@@ -99,16 +101,15 @@ POOL_SIZE = 4
 def pooled(pg: Postgres) -> Iterator[tuple[AsyncEngine, list[int]]]:
     """The recipe's pooled engine on an owner loop thread, and a list that grows by
     one per server connection it opens; disposed at the end either way."""
-    recipe = example("sqlalchemy_engine")
 
-    async def make() -> tuple[AsyncEngine, list[int]]:
-        engine = await recipe.open_engine(pg.sqlalchemy_url, pool_size=POOL_SIZE, max_overflow=0)
+    async def make() -> list[int]:
         connects: list[int] = []
         event.listen(unwrap(engine).sync_engine, "connect", lambda *_: connects.append(1))
-        return engine, connects
+        return connects
 
     with LoopThread() as owner:
-        engine, connects = owner.run(make)
+        engine = recipe.open_engine(owner, pg.sqlalchemy_url, pool_size=POOL_SIZE, max_overflow=0)
+        connects = owner.run(make)
         try:
             yield engine, connects
         finally:
@@ -119,7 +120,7 @@ def _dispose_and_check(engine: AsyncEngine, pg: Postgres) -> None:
     """Every connection checked in, the server seeing no more than the pool; then none."""
     assert settle(lambda: unwrap(engine).pool.checkedout(), 0) == 0
     assert pg_backends(pg) <= POOL_SIZE
-    blocking(engine).dispose()
+    recipe.close_engine(engine)
     assert settle(lambda: pg_backends(pg), 0) == 0
 
 
@@ -128,10 +129,9 @@ def test_pooled_engine_from_sixteen_threads(
 ) -> None:
     """The blocking face under a 16-worker thread pool: every transaction right, and
     the pool, not the callers, decides how many server connections there are."""
-    recipe = example("sqlalchemy_engine")
     engine, connects = pooled
     with ThreadPoolExecutor(16) as workers:
-        got = list(workers.map(lambda i: recipe.view(engine, i), range(400)))
+        got = list(workers.map(lambda i: recipe.double(engine, i), range(400)))
     assert got == [2 * i for i in range(400)]
     assert len(connects) <= POOL_SIZE  # NullPool would have opened 400
     assert pg_backends(pg) == len(connects)
@@ -144,7 +144,6 @@ def test_pooled_engine_from_other_loops(
 ) -> None:
     """The pooled engine used from asyncio, uvloop and trio callers: connections are
     proxies, begin() commits or rolls back on the owner, and the pool is reused."""
-    recipe = example("sqlalchemy_engine")
     engine, connects = pooled
 
     async def scenario() -> None:
@@ -166,7 +165,7 @@ def test_pooled_engine_from_other_loops(
         results = []
 
         async def one(i: int) -> None:
-            results.append(await recipe.handler(engine, i))
+            results.append(await recipe.double_async(engine, i))
 
         async with anyio.create_task_group() as tg:
             for i in range(64):
@@ -186,7 +185,6 @@ def test_cancelling_a_statement_from_another_loop(
 ) -> None:
     """A caller cancelled while its statement waits on the server: the connection is
     checked back in (or invalidated and replaced), and the engine still works."""
-    recipe = example("sqlalchemy_engine")
     engine, _ = pooled
 
     async def waits_for_the_lock() -> None:
@@ -201,5 +199,5 @@ def test_cancelling_a_statement_from_another_loop(
     # SQLAlchemy invalidates a connection interrupted mid-statement; the server
     # ends that session once its lock wait ends.
     assert settle(lambda: pg_lock_waiters(pg), 0) == 0
-    assert run_caller(caller, recipe.handler, engine, 5) == 10
+    assert run_caller(caller, recipe.double_async, engine, 5) == 10
     _dispose_and_check(engine, pg)
