@@ -168,10 +168,14 @@ def test_every_block_is_accounted_for() -> None:
     assert "run" in kinds and "typecheck" in kinds
     for s in ALL:
         assert s.code.strip(), f"{s.id}: empty block"
-        assert (s.kind == "recipe") == (s.name is not None), f"{s.id}: a recipe, and only one, has a name"
+        assert (s.kind == "recipe") == (s.name is not None), (
+            f"{s.id}: a recipe, and only one, has a name"
+        )
     # Every recipe is loaded by a test under tests/recipes or tests/servers (which runs it).
     tests = "\n".join(
-        p.read_text() for d in ("recipes", "servers") for p in (ROOT / "tests" / d).glob("test_*.py")
+        p.read_text()
+        for d in ("recipes", "servers")
+        for p in (ROOT / "tests" / d).glob("test_*.py")
     )
     for s in ALL:
         if s.kind == "recipe":

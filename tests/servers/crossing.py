@@ -12,18 +12,11 @@ every time.
 from __future__ import annotations
 
 import asyncio
-import re
-import sys
 import threading
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
-_RECIPE = re.compile(r"^<!-- snippet: recipe because [^;]+; name: (?P<name>[\w-]+) -->$")
 
 WAIT = 30.0  # bound on every wait, so a broken demonstration fails instead of hanging
 
@@ -162,27 +155,3 @@ async def _scope_cancelled(op: Callable[[], Awaitable[Any]], blocked: Callable[[
             await op()
             finished = True
     return scope.cancelled_caught and not finished
-
-
-def load_recipe(name: str) -> ModuleType:
-    """The recipe ``name`` of docs/recipes.md as a module: its blocks marked
-    ``<!-- snippet: recipe because ...; name: NAME -->``, in page order, are the
-    source, so the tests run exactly what the page shows."""
-    modname = f"recipe_{name}"
-    module = sys.modules.get(modname)
-    if module is None:
-        lines = PAGE.read_text().splitlines()
-        blocks = []
-        for i, line in enumerate(lines):
-            m = _RECIPE.match(line)
-            if m is not None and m["name"] == name:
-                end = lines.index("```", i + 2)
-                blocks.append("\n".join(lines[i + 2 : end]))
-        assert blocks, f"no recipe named {name!r} in {PAGE.name}"
-        module = ModuleType(modname)
-        module.__file__ = f"{PAGE}#{name}"
-        sys.modules[modname] = module
-        exec(
-            compile("\n\n".join(blocks) + "\n", f"<docs/recipes.md: {name}>", "exec"), vars(module)
-        )
-    return module

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from loopbridge import LoopThread, is_proxy, unwrap
+from loopbridge import LoopThread, blocking, is_proxy, unwrap
 
 from .conftest import advisory_lock, pg_backends, pg_lock_waiters, settle
 from .crossing import (
@@ -22,11 +22,11 @@ from .crossing import (
     OwnerHeld,
     cancel_params,
     cancelled_midway,
-    load_recipe,
     on_other_loop,
     run_caller,
 )
 from .launch import Postgres
+from .page import load_recipe
 
 asyncpg = pytest.importorskip("asyncpg", reason="asyncpg is not installed (group: recipes)")
 recipe = load_recipe("asyncpg")
@@ -70,16 +70,21 @@ POOL_SIZE = 4
 
 
 @pytest.fixture
-def pool(pg: Postgres) -> Iterator[Any]:
-    """The recipe's pool on an owner loop thread. Tests close it and check the
+def owner() -> Iterator[LoopThread]:
+    with LoopThread() as t:
+        yield t
+
+
+@pytest.fixture
+def pool(owner: LoopThread, pg: Postgres) -> Iterator[Any]:
+    """The recipe's pool on the owner loop thread. Tests close it and check the
     server; if one fails first, this terminates it so the next starts clean."""
-    with LoopThread() as owner:
-        p = recipe.open_pool(owner, pg.dsn, min_size=POOL_SIZE, max_size=POOL_SIZE)
-        try:
-            yield p
-        finally:
-            if not unwrap(p).is_closing():
-                owner.run(lambda: _terminate(unwrap(p)))
+    p = recipe.open_pool(owner, pg.dsn, min_size=POOL_SIZE, max_size=POOL_SIZE)
+    try:
+        yield p
+    finally:
+        if not unwrap(p).is_closing():
+            owner.run(lambda: _terminate(unwrap(p)))
 
 
 async def _terminate(pool: Any) -> None:
@@ -94,19 +99,23 @@ def _close_and_check(pool: Any, pg: Postgres) -> None:
     assert settle(lambda: pg_backends(pg), 0) == 0
 
 
-def test_pool_from_sixteen_threads(pool: Any, pg: Postgres) -> None:
+def test_pool_from_sixteen_threads(owner: LoopThread, pool: Any, pg: Postgres) -> None:
     """The blocking face under a 16-worker thread pool: every transaction right,
     never more server connections than the pool holds, none left after close."""
+    queries = blocking(recipe.open_queries(owner, pool))
     with ThreadPoolExecutor(16) as workers:
         got = list(workers.map(lambda i: recipe.double(pool, i), range(400)))
-    assert got == [2 * i for i in range(400)]
+        whole = list(workers.map(queries.double, range(400)))  # one crossing each
+    assert got == whole == [2 * i for i in range(400)]
     _close_and_check(pool, pg)
 
 
 @pytest.mark.parametrize("caller", CALLERS)
-def test_pool_from_other_loops(pool: Any, pg: Postgres, caller: str) -> None:
+def test_pool_from_other_loops(owner: LoopThread, pool: Any, pg: Postgres, caller: str) -> None:
     """Connections from acquire() are proxies; transactions commit and roll back on
     the owner, from asyncio, uvloop and trio callers."""
+
+    queries = recipe.open_queries(owner, pool)
 
     async def scenario() -> None:
         import anyio
@@ -127,10 +136,14 @@ def test_pool_from_other_loops(pool: Any, pg: Postgres, caller: str) -> None:
         async def one(i: int) -> None:
             results.append(await recipe.double_async(pool, i))
 
+        async def whole(i: int) -> None:
+            results.append(await queries.double(i))
+
         async with anyio.create_task_group() as tg:
             for i in range(64):
                 tg.start_soon(one, i)
-        assert sorted(results) == [2 * i for i in range(64)]
+                tg.start_soon(whole, i)
+        assert sorted(results) == sorted(2 * i for i in range(64) for _ in range(2))
         await pool.execute("DROP TABLE items")
 
     run_caller(caller, scenario)

@@ -23,11 +23,11 @@ from .crossing import (
     OwnerHeld,
     cancel_params,
     cancelled_midway,
-    load_recipe,
     on_other_loop,
     run_caller,
 )
 from .launch import Redis
+from .page import load_recipe
 
 aioredis = pytest.importorskip("redis.asyncio", reason="redis is not installed (group: recipes)")
 recipe = load_recipe("redis")

@@ -22,11 +22,11 @@ from .crossing import (
     OwnerHeld,
     cancel_params,
     cancelled_midway,
-    load_recipe,
     on_other_loop,
     run_caller,
 )
 from .launch import Postgres
+from .page import load_recipe
 
 pytest.importorskip("asyncpg", reason="asyncpg is not installed (group: recipes)")
 sqlalchemy = pytest.importorskip(
