@@ -48,8 +48,8 @@ from loopbridge import LoopThread, blocking, unwrap
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from recipes.recipe import load_recipe  # noqa: E402
 from servers.launch import postgres, redis  # noqa: E402
-from servers.page import load_recipe  # noqa: E402
 
 perf = time.perf_counter
 Op = Callable[[int], Awaitable[Any]]  # one operation from a loop

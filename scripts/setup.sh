@@ -90,7 +90,7 @@ pip_quiet install -q -r "$torch_list"
 step "[3/5] installing vLLM $vllm_pin and the packages it needs on CPU"
 pip_quiet install -q --no-deps -r "$vllm_list"
 step "[4/5] installing loopbridge (editable) with its test tools"
-pip_quiet install -q -e ".[trio,uvloop,prometheus,vllm-server,vllm-bench]" --group test --group ray --group bench
+pip_quiet install -q -e ".[trio,uvloop,prometheus,vllm-server,vllm-bench]" --group test --group recipes --group ray --group bench
 step "[5/5] checking the vLLM install: importing what the adapter imports"
 if ! "$VPY" scripts/check-vllm-install.py 2>>"$log"; then
     echo "setup: the vLLM $vllm_pin install in $venv is incomplete (see above; log: $log)" >&2

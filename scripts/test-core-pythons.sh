@@ -3,11 +3,10 @@
 # supported Python: 3.10 (no eager tasks, no Task(context=)), 3.11, 3.12 and 3.13
 # (native eager tasks); every version runs even if one fails. Each interpreter found
 # gets its own venv, .venv-core-<version>, holding loopbridge with its optional
-# integrations, the test tools and the recipes' client libraries (asyncpg,
-# SQLAlchemy, redis: the `recipes` group) only: no vLLM, which also proves that the
-# core installs and imports without it. tests/servers starts real PostgreSQL and
-# Redis servers when the distribution's packages are installed, and skips saying so
-# when they are not.
+# integrations, the test tools and the recipes' clients (docs/recipes.md) only: no
+# vLLM, which also proves that the core installs and imports without it.
+# tests/servers starts real PostgreSQL and Redis servers when the distribution's
+# packages are installed (.ci/run installs them), and skips saying so when not.
 # Arguments go to pytest. A Python that is not found is skipped with a line saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,8 +41,8 @@ for v in 3.10 3.11 3.12 3.13; do
     # Dependency groups need pip >= 25.1. pip's output goes to the log.
     {
         "$venv/bin/python" -m pip install -q --upgrade "pip>=25.1" &&
-            "$venv/bin/python" -m pip install -q -e ".[trio,uvloop,prometheus]" --group test \
-                --group recipes
+            "$venv/bin/python" -m pip install -q -e ".[trio,uvloop,prometheus]" \
+                --group test --group recipes
     } >"$log" 2>&1 || {
         tail -n 30 "$log"
         echo "== Python $v: installing loopbridge failed (log: $log)" >&2

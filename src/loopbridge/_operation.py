@@ -325,7 +325,22 @@ def start_on_owner(op: Operation) -> None:
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))
         return
     op.t_start = _perf()
+    _forget_caller_library(op.ctx)
     op.task = op.launch(loop)
+
+
+def _forget_caller_library(ctx: contextvars.Context) -> None:
+    """The owner runs asyncio, whatever the caller runs.
+
+    The caller's context crosses (request ids, tracing), but a trio caller's
+    context also says "trio" to sniffio, and libraries that pick their I/O
+    backend with sniffio (httpx through httpcore, anyio) would then use trio's
+    primitives on the owner's asyncio loop.  So that one variable is cleared in
+    the owner's copy, and sniffio looks at the running loop instead.
+    """
+    var = getattr(sys.modules.get("sniffio"), "current_async_library_cvar", None)
+    if isinstance(var, contextvars.ContextVar) and ctx.get(var) is not None:
+        ctx.run(var.set, None)
 
 
 def cancel_on_owner(op: Operation) -> None:

@@ -13,7 +13,9 @@ when the caller first does one of the three things such a result is for:
   ``x`` follows the rule's ``"__aenter__"`` (or the rule itself, when entering
   gives back the object);
 * ``async for item in pending``: it is iterated there, as a stream, and each
-  item follows the rule's ``"__anext__"``.
+  item follows the rule's ``"__anext__"``.  Left early, the iterator is closed
+  there and the object's ``cancel()``, if it has one, is called (a grpc call
+  or a future goes on until cancelled).
 
 Invariants:
 
@@ -126,13 +128,24 @@ def _made(p: Pending) -> Any:
 
 async def _await_on_owner(p: Pending) -> Any:
     obj = _made(p)
+    if not hasattr(type(obj), "__await__"):
+        raise _lacks(p, obj, "__await__", "awaitable")
     value = await obj
     rule = p._rule if value is obj else p._rule.returns.get("__await__")
     return p._own(value, rule, f"awaiting {p._what}", p._opts)
 
 
+def _lacks(p: Pending, obj: Any, member: str, what: str) -> TypeError:
+    return TypeError(
+        f"{p._what} gave a {type(obj).__qualname__} object, which is not {what} "
+        f"(its class has no {member})"
+    )
+
+
 async def _enter_on_owner(p: Pending) -> Any:
     obj = _made(p)
+    if not hasattr(type(obj), "__aenter__"):
+        raise _lacks(p, obj, "__aenter__", "an async context manager")
     entered = await type(obj).__aenter__(obj)
     # Entering often gives back the object itself (a connection, a pipeline).
     rule = p._rule if entered is obj else p._rule.returns.get("__aenter__")
@@ -148,12 +161,24 @@ async def _iterate_on_owner(p: Pending) -> AsyncIterator[Any]:
     obj = _made(p)
     rule = p._rule.returns.get("__anext__")
     what = f"iterating {p._what}"
+    if not hasattr(type(obj), "__aiter__"):
+        raise _lacks(p, obj, "__aiter__", "async-iterable")
     it = obj.__aiter__()
+    done = False
     try:
         async for item in it:
             yield p._own(item, rule, what, p._opts)
+        done = True
     finally:
-        # Closed early (break, cancel): close the iterator here, on its loop.
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        if not done:
+            # Left early (break, cancel, an error): stop it here, on its loop.
+            # Closing the iterator is not always enough: an RPC or a future goes
+            # on until cancelled, and ``cancel()`` is how such objects stop.
+            aclose = getattr(it, "aclose", None)
+            try:
+                if aclose is not None:
+                    await aclose()
+            finally:
+                cancel = getattr(obj, "cancel", None)
+                if callable(cancel):
+                    cancel()

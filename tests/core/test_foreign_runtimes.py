@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -81,3 +82,30 @@ def test_uvloop_caller(asyncio_owner: lb.LoopThread) -> None:
         assert [i async for i in p.count(2000)] == list(range(2000))
 
     uvloop.run(main())
+
+
+def test_owner_side_runs_as_asyncio_for_a_trio_caller(owner: lb.LoopThread) -> None:
+    """The caller's context crosses, but not trio's sniffio marker: libraries that
+    pick their backend with sniffio (httpx, anyio) must see asyncio on the owner."""
+    sniffio = pytest.importorskip("sniffio")
+
+    @lb.loop_affine
+    class Which:
+        async def library(self) -> str:
+            return str(sniffio.current_async_library())
+
+        async def libraries(self) -> AsyncIterator[str]:
+            yield str(sniffio.current_async_library())
+
+    async def make() -> Which:
+        return Which()
+
+    p = lb.proxy(owner.run(make))
+
+    async def main() -> None:
+        assert sniffio.current_async_library() == "trio"
+        assert await p.library() == "asyncio"
+        assert [x async for x in p.libraries()] == ["asyncio"]
+        assert sniffio.current_async_library() == "trio"  # the caller's is untouched
+
+    anyio.run(main, backend="trio")

@@ -322,14 +322,21 @@ class Call:
         for i in range(self.n):
             yield i
 
+    def cancel(self) -> bool:
+        assert asyncio.get_running_loop() is self._loop
+        self.cancelled = True
+        return True
+
 
 class MultiCallable:
     def __init__(self) -> None:
         self.calls = 0
+        self.made: list[Call] = []
 
     def __call__(self, n: int) -> Call:
         self.calls += 1
-        return Call(n)
+        self.made.append(Call(n))
+        return self.made[-1]
 
 
 class Stub:
@@ -358,6 +365,30 @@ def test_stub_attributes_callables_and_calls(owner: lb.LoopThread) -> None:
     assert b.method(5).result() == 50
     assert list(b.method(2)) == [0, 1]
     assert stub.method.calls == 6  # each call made once, on the owner
+    assert not any(call.cancelled for call in stub.method.made)  # all ran to the end
+
+
+def test_a_call_iterated_and_left_early_is_cancelled_on_the_owner(owner: lb.LoopThread) -> None:
+    async def make() -> Stub:
+        return lb.adopt(Stub(), returns={"method": CALLABLE})
+
+    stub = owner.run(make)
+    p = lb.proxy(stub)
+
+    async def main() -> None:
+        it = p.method(10**6).__aiter__()
+        assert await it.__anext__() == 0
+        await it.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+    with iter(lb.blocking(p).method(10**6)) as items:  # type: ignore[attr-defined]
+        assert next(items) == 0
+    with (
+        pytest.raises(TypeError, match="gave a Call object, which is not an async context"),
+        lb.blocking(p).method(1),
+    ):
+        pass
+    assert [call.cancelled for call in stub.method.made] == [True, True, False]
 
 
 # ------------------------------------------------------------------ cancellation

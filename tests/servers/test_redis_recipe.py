@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from recipes.recipe import load_recipe
 
 from loopbridge import LoopThread, blocking, is_proxy, unwrap
 
@@ -27,7 +28,6 @@ from .crossing import (
     run_caller,
 )
 from .launch import Redis
-from .page import load_recipe
 
 aioredis = pytest.importorskip("redis.asyncio", reason="redis is not installed (group: recipes)")
 recipe = load_recipe("redis")

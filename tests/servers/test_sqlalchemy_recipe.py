@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from recipes.recipe import load_recipe
 
 from loopbridge import LoopThread, blocking, is_proxy, unwrap
 
@@ -26,7 +27,6 @@ from .crossing import (
     run_caller,
 )
 from .launch import Postgres
-from .page import load_recipe
 
 pytest.importorskip("asyncpg", reason="asyncpg is not installed (group: recipes)")
 sqlalchemy = pytest.importorskip(
