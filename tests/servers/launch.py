@@ -7,9 +7,10 @@ because nothing here needs to survive a crash. Starting one raises
 does not come up; callers turn that into a skip that says so. Stopping a server
 removes its directory.
 
-Readiness is an event, not a guess: ``pg_ctl start -w`` returns once the server
-accepts connections, and redis-server's own "Ready to accept connections" line is
-read from its output.
+Readiness is an event, not a guess: each server's own "ready to accept
+connections" line is read from its output. Each server is a child process that the
+kernel stops if the test process dies first (``setpriv --pdeathsig``), so a run killed
+by a timeout leaves no server behind.
 
 PostgreSQL refuses to run as root (CI runs as root): then the cluster belongs to
 the ``postgres`` account that Debian's package creates, and its processes run as
@@ -24,6 +25,7 @@ import os
 import pwd
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -31,7 +33,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 START_TIMEOUT = 60.0
 
@@ -100,13 +101,13 @@ def postgres(database: str = "loopbridge") -> Iterator[Postgres]:
     bindir = _pg_bin()
     user, uid, gid = _run_as()
     root = tempfile.mkdtemp(prefix="loopbridge-pg-")
-    data, sockets, log = (os.path.join(root, n) for n in ("data", "sock", "server.log"))
+    data, sockets = os.path.join(root, "data"), os.path.join(root, "sock")
     os.mkdir(sockets)
     if uid is not None:
         os.chmod(root, 0o755)  # the server's account must reach its directory
         for path in (root, sockets):
             os.chown(path, uid, gid)  # type: ignore[arg-type]
-    started = False
+    proc: subprocess.Popen[bytes] | None = None
     try:
         init = subprocess.run(
             [f"{bindir}/initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8"]
@@ -118,28 +119,28 @@ def postgres(database: str = "loopbridge") -> Iterator[Postgres]:
         )
         if init.returncode != 0:
             raise ServerUnavailable(f"initdb failed: {init.stderr.strip()[-500:]}")
-        port = 0
+        output = b""
         for _ in range(3):  # the free port may be taken before the server binds it
             port = free_port()
-            opts = (
-                f"-F -p {port} -k {sockets} -c listen_addresses=127.0.0.1 "
-                "-c max_connections=200 -c shared_buffers=16MB -c synchronous_commit=off "
-                "-c full_page_writes=off"
+            proc = _spawn(
+                [f"{bindir}/postgres", "-D", data, "-F", "-p", str(port), "-k", sockets]
+                + ["-c", "listen_addresses=127.0.0.1", "-c", "lc_messages=C"]
+                + ["-c", "max_connections=200", "-c", "shared_buffers=16MB"]
+                + ["-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
+                user,
+                signal.SIGINT,  # PostgreSQL's fast shutdown
             )
-            start = subprocess.run(
-                [f"{bindir}/pg_ctl", "-D", data, "-l", log, "-o", opts, "-w"]
-                + ["-t", str(int(START_TIMEOUT)), "start"],
-                user=user,
-                capture_output=True,
-                text=True,
-                timeout=START_TIMEOUT + 10,
-            )
-            if start.returncode == 0:
-                started = True
+            found = _await_line(proc, b"ready to accept connections")
+            if found is None:
                 break
-        if not started:
-            tail = Path(log).read_text()[-800:] if os.path.exists(log) else start.stderr
-            raise ServerUnavailable(f"PostgreSQL did not start: {tail.strip()}")
+            output = found
+            _stop(proc, signal.SIGINT)
+            proc = None
+        if proc is None:
+            raise ServerUnavailable(
+                f"PostgreSQL did not start: {output[-800:].decode(errors='replace')}"
+            )
+        _keep_reading(proc)
         create = subprocess.run(
             [f"{bindir}/createdb", "-h", sockets, "-p", str(port), "-U", "postgres", database],
             user=user,
@@ -151,13 +152,8 @@ def postgres(database: str = "loopbridge") -> Iterator[Postgres]:
             raise ServerUnavailable(f"createdb failed: {create.stderr.strip()}")
         yield Postgres("127.0.0.1", port, "postgres", database, sockets)
     finally:
-        if started:
-            subprocess.run(
-                [f"{bindir}/pg_ctl", "-D", data, "-m", "fast", "-w", "stop"],
-                user=user,
-                capture_output=True,
-                timeout=START_TIMEOUT,
-            )
+        if proc is not None:
+            _stop(proc, signal.SIGINT)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -183,32 +179,25 @@ def redis() -> Iterator[Redis]:
     try:
         for _ in range(3):  # the free port may be taken before the server binds it
             port = free_port()
-            proc = subprocess.Popen(
+            proc = _spawn(
                 [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", root]
                 + ["--save", "", "--appendonly", "no", "--daemonize", "no"]
                 + ["--protected-mode", "no", "--maxclients", "1000"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                None,
+                signal.SIGTERM,
             )
             output = _await_line(proc, b"Ready to accept connections")
             if output is None:
                 break
-            proc.kill()
-            proc.wait()
+            _stop(proc, signal.SIGTERM)
             proc = None
         if proc is None:
             raise ServerUnavailable(f"redis-server did not start: {output!r}")
-        # Keep reading its log, or a full pipe would stall the server.
-        threading.Thread(target=_drain, args=(proc,), name="redis-log", daemon=True).start()
+        _keep_reading(proc)
         yield Redis("127.0.0.1", port)
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=START_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc, signal.SIGTERM)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -231,7 +220,35 @@ def _await_line(proc: subprocess.Popen[bytes], marker: bytes) -> bytes | None:
     return None
 
 
-def _drain(proc: subprocess.Popen[bytes]) -> None:
-    assert proc.stdout is not None
-    while proc.stdout.read(65536):
-        pass
+def _spawn(argv: list[str], user: str | None, on_parent_death: int) -> subprocess.Popen[bytes]:
+    """The server as a child process (its log on a pipe) that the kernel signals with
+    ``on_parent_death`` if this process dies first, so a killed test run leaves no
+    server behind. util-linux's ``setpriv`` sets that up and execs the server (no
+    Python runs in the forked child); without it, the server just runs."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        name = signal.Signals(on_parent_death).name.removeprefix("SIG")
+        argv = [setpriv, f"--pdeathsig={name}", "--", *argv]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, user=user)
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Ask the server to shut down; kill it if it has not within the bound."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=START_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _keep_reading(proc: subprocess.Popen[bytes]) -> None:
+    """Read the server's log until it ends: a full pipe would stall the server."""
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        while proc.stdout.read(65536):
+            pass
+
+    threading.Thread(target=drain, name="server-log", daemon=True).start()
