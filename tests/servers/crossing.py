@@ -1,4 +1,4 @@
-"""Forcing the interleavings of the raw-client failure demonstrations.
+"""The callers of the recipes' tests, and the interleavings they force.
 
 ``on_other_loop`` runs a coroutine function on a fresh asyncio loop on a fresh
 thread, as a Celery task or a Django view under ``async_to_sync`` does, and
@@ -7,6 +7,10 @@ one of its own steps until released, so a reply from the server cannot be read
 by the owner in between: whatever the other loop does with the shared client, it
 does while the owner is busy, the interleaving the trackers' reports describe,
 every time.
+
+``run_caller`` runs the recipe's side on a new asyncio, uvloop or trio (through
+anyio) loop; ``cancelled_midway`` cancels an operation once the server shows it
+waiting, by ``Task.cancel()`` or by a cancel scope.
 """
 
 from __future__ import annotations
