@@ -5,6 +5,8 @@
 # gets its own venv, .venv-core-<version>, holding loopbridge with its optional
 # integrations, the test tools and the recipes' clients (docs/recipes.md) only: no
 # vLLM, which also proves that the core installs and imports without it.
+# tests/servers starts real PostgreSQL and Redis servers when the distribution's
+# packages are installed (.ci/run installs them), and skips saying so when not.
 # Arguments go to pytest. A Python that is not found is skipped with a line saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -148,11 +148,11 @@ def _bound_kind(value: Any) -> str | None:
 def loop_state(obj: Any) -> str | None:
     """Where ``obj`` holds loop-bound state, in words, or ``None`` if it shows none.
 
-    Loop-bound: holding an event loop, being or holding a future or task, a transport, an unstarted
-    coroutine or async generator (which would run on whoever awaits it), or an
-    object with a ``_loop`` (asyncio's primitives, streams, and most async
-    clients' objects keep their loop there).  Checked for ``obj`` itself and
-    each of its attributes.
+    Loop-bound: holding an event loop, being or holding a future or task, a
+    transport, an unstarted coroutine or async generator (which would run on
+    whoever awaits it), or an object with a ``_loop`` (asyncio's primitives,
+    streams, and most async clients' objects keep their loop there).  Checked
+    for ``obj`` itself and each of its attributes.
     """
     if isinstance(obj, asyncio.AbstractEventLoop):
         return None  # the loop itself: its thread-safe methods are for other threads
@@ -160,28 +160,49 @@ def loop_state(obj: Any) -> str | None:
     if kind is not None:
         return f"it is a {kind}"
     for name, value in _attributes(obj):
+        if type(value) in PLAIN:
+            continue
         kind = _bound_kind(value)
         if kind is not None:
             return f"its attribute {name!r} is a {kind}"
-        inner = getattr(value, "__dict__", None)
+        try:
+            inner = object.__getattribute__(value, "__dict__")
+        except AttributeError:
+            continue
         if type(inner) is dict and isinstance(inner.get("_loop"), asyncio.AbstractEventLoop):
             return f"its attribute {name!r} ({type(value).__qualname__}) is bound to a loop"
     return None
 
 
-def _attributes(obj: Any) -> Iterable[tuple[str, Any]]:
-    d = getattr(obj, "__dict__", None)
+def _attributes(obj: Any) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        d = None
     if type(d) is dict:
-        yield from list(d.items())
-    for klass in type(obj).__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            if slot in ("__dict__", "__weakref__"):
-                continue
-            descriptor = klass.__dict__.get(slot)
-            if descriptor is None or not hasattr(descriptor, "__get__"):
-                continue
-            try:
-                yield slot, descriptor.__get__(obj, type(obj))
-            except AttributeError:
-                continue  # an unset slot
+        out += d.items()
+    for slot, descriptor in _slots(type(obj)):
+        try:
+            out.append((slot, descriptor.__get__(obj, type(obj))))
+        except AttributeError:
+            continue  # an unset slot
+    return out
+
+
+_slot_cache: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _slots(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The slot descriptors of ``cls`` and its bases (cached per class)."""
+    found = _slot_cache.get(cls)
+    if found is None:
+        items = []
+        for klass in cls.__mro__:
+            slots = klass.__dict__.get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                descriptor = klass.__dict__.get(slot)
+                if slot not in ("__dict__", "__weakref__") and hasattr(descriptor, "__get__"):
+                    items.append((slot, descriptor))
+        found = _slot_cache.setdefault(cls, tuple(items))
+    return found

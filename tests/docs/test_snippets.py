@@ -171,8 +171,12 @@ def test_every_block_is_accounted_for() -> None:
         assert (s.kind == "recipe") == (s.name is not None), (
             f"{s.id}: a recipe, and only one, has a name"
         )
-    # Every recipe is loaded by a test under tests/recipes (which runs it).
-    tests = "\n".join(p.read_text() for p in (ROOT / "tests" / "recipes").glob("test_*.py"))
+    # Every recipe is loaded by a test under tests/recipes or tests/servers (which runs it).
+    tests = "\n".join(
+        p.read_text()
+        for d in ("recipes", "servers")
+        for p in (ROOT / "tests" / d).glob("test_*.py")
+    )
     for s in ALL:
         if s.kind == "recipe":
             assert f'load_recipe("{s.name}")' in tests, f"{s.id}: no test loads recipe {s.name!r}"

@@ -1,0 +1,39 @@
+"""benchmarks/bench_recipes.py runs (tiny sizes, no timing asserted): each
+recipe and its run_coroutine_threadsafe baseline, from threads and from a loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import loopbridge
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = str(Path(loopbridge.__file__).resolve().parent.parent)
+
+
+def test_bench_recipes_runs() -> None:
+    for name in ("httpx", "aiohttp", "grpc", "uvicorn"):
+        pytest.importorskip(name, reason="the recipes group is not installed")
+    args = ["--calls", "32", "--reps", "1", "--workers", "4", "--concurrency", "4"]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_recipes.py"), *args],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout[result.stdout.index("{\n") :])
+    results = report["results"]
+    assert sorted(results) == sorted(
+        f"{c}, {w}" for c in ("httpx", "aiohttp", "grpc") for w in ("threads", "loop")
+    )
+    for row in results.values():
+        assert row["calls_per_s"]["run_coroutine_threadsafe"] > 0
+        assert row["calls_per_s"]["loopbridge"] > 0
