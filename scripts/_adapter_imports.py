@@ -60,8 +60,9 @@ def import_problems(adapter: str, optional: set[str]) -> list[str]:
         shown = module if name is None else f"{module}.{name}"
         try:
             imported = importlib.import_module(module)
-            if name is not None:
-                getattr(imported, name)
+            if name is not None and not hasattr(imported, name):
+                # `from package import submodule` imports the submodule.
+                importlib.import_module(f"{module}.{name}")
         except ModuleNotFoundError as exc:
             problems.append(f"{shown}: the package {exc.name!r} is not installed")
         except Exception as exc:  # any import-time failure is a broken install

@@ -169,3 +169,22 @@ def req_state_hook(monkeypatch: pytest.MonkeyPatch) -> ReqStateHook:
 
     monkeypatch.setattr(tm_module, "ReqState", WatchedReqState)
     return hook
+
+
+def open_requests_after_barrier(owner: LoopThread, manager: Any) -> int:
+    """How many requests the manager still tracks once it read every earlier reply.
+
+    The stand-in answers on one ZMQ PUSH socket, which keeps order: once a new
+    one-token request has completed on the owner loop, every reply sent before it
+    (an abort's final output, say) has been handled too. The scheduler must not be
+    held.
+    """
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    async def barrier() -> int:
+        obj = GenerateReqInput(input_ids=[1], sampling_params={"max_new_tokens": 1})
+        async for _ in manager.generate_request(obj):
+            pass
+        return len(manager.rid_to_state)
+
+    return owner.run(barrier)

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import Crashes, Manager, real_manager
+from conftest import Crashes, Manager, open_requests_after_barrier, real_manager
 from sglang.srt.managers import tokenizer_manager as tm_module
 from sglang.srt.managers.io_struct import (
     ContinueGenerationReqInput,
@@ -61,10 +61,6 @@ def _wait_first_outputs(first: threading.Semaphore) -> None:
         assert first.acquire(timeout=60)
 
 
-async def _open_requests(manager: Any) -> int:
-    return len(manager.rid_to_state)
-
-
 @pytest.fixture
 def paced(tiny_model: Any, tmp_path: Any) -> Any:
     # 2 ms per step: streams are in flight long enough to pause them.
@@ -95,7 +91,7 @@ def test_pause_update_weights_continue_under_streaming_load(
         final = outs[-1]
         assert final["meta_info"]["finish_reason"] == {"type": "length", "length": TOKENS}
         assert final["output_ids"] == list(range(100, 100 + TOKENS))
-    assert owner.run(_open_requests, paced.manager) == 0
+    assert open_requests_after_barrier(owner, paced.manager) == 0
     assert crashes.errors == []
 
 
@@ -109,13 +105,13 @@ def test_pause_with_abort_ends_every_stream_cleanly(
     streams = pending.result(60)
     for outs in streams:
         assert outs[-1]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert owner.run(_open_requests, paced.manager) == 0
     # Paused: a new request waits until generation continues, then completes.
     later = asyncio.run_coroutine_threadsafe(
         async_generate(p, _stream_obj("after-pause", 3)), server_loop.loop
     )
     asyncio.run(p.continue_generation(ContinueGenerationReqInput()))
     assert later.result(60)["output_ids"] == [100, 101, 102]
+    assert open_requests_after_barrier(owner, paced.manager) == 0
     assert crashes.errors == []
 
 
@@ -160,7 +156,7 @@ def test_closing_a_stream_aborts_the_request_in_the_manager(
 
     asyncio.run_coroutine_threadsafe(read_one_then_leave(), server_loop.loop).result(60)
     sgl.scheduler.wait_for("aborted", "leaves")
-    assert owner.run(_open_requests, sgl.manager) == 0
+    assert open_requests_after_barrier(owner, sgl.manager) == 0
 
 
 def test_cancelling_a_caller_aborts_its_request(
@@ -177,7 +173,8 @@ def test_cancelling_a_caller_aborts_its_request(
     sgl.scheduler.wait_for("received", "cancelled")
     server_loop.loop.call_soon_threadsafe(task_box[0].cancel)
     sgl.scheduler.wait_for("aborted", "cancelled")
-    assert owner.run(_open_requests, sgl.manager) == 0
+    sgl.scheduler.release()
+    assert open_requests_after_barrier(owner, sgl.manager) == 0
 
 
 def test_an_http_disconnect_is_seen_on_the_server_loop_and_aborts(
@@ -212,4 +209,4 @@ def test_an_http_disconnect_is_seen_on_the_server_loop_and_aborts(
     sgl.scheduler.wait_for("aborted", "gone")
     sgl.scheduler.release()
     assert receive_threads and set(receive_threads) == {"sglang-server"}
-    assert owner.run(_open_requests, sgl.manager) == 0
+    assert open_requests_after_barrier(owner, sgl.manager) == 0
