@@ -534,6 +534,9 @@ def _with_owner_side_request(name: str, base: Any, index: int) -> Any:
         return base(self, *args, **kwargs)
 
     member.__name__ = name
+    # What this member stands for is SGLang's method (as for the member it wraps):
+    # the blocking face, for plain threads that have no request to wrap, runs that.
+    member.__wrapped__ = getattr(base, "__wrapped__", base)
     return member
 
 

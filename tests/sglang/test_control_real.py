@@ -23,7 +23,7 @@ from sglang.srt.managers.io_struct import (
 )
 from starlette.requests import Request
 
-from loopbridge import LoopThread
+from loopbridge import LoopThread, blocking
 from loopbridge_sglang import async_generate, tokenizer_manager_proxy
 
 N_STREAMS = 12
@@ -74,17 +74,19 @@ def test_pause_update_weights_continue_under_streaming_load(
     p = tokenizer_manager_proxy(paced.manager, loop=owner.loop)
     pending, first = _start_streams(p, server_loop)
     _wait_first_outputs(first)
-    # Control calls from this third thread, each on its own short-lived loop.
-    asyncio.run(p.pause_generation(PauseGenerationReqInput(mode="in_place")))
+    # Control calls from this third thread, a plain one: the blocking face, as a
+    # trainer thread uses it.
+    trainer = blocking(p)
+    trainer.pause_generation(PauseGenerationReqInput(mode="in_place"))
     assert paced.scheduler.wait_for("paused") == "in_place"
     assert p.is_pause  # a health read: no owner-loop round trip
-    success, message, _ = asyncio.run(
-        p.update_weights_from_disk(UpdateWeightFromDiskReqInput(model_path="/new/weights"))
+    success, message, _ = trainer.update_weights_from_disk(
+        UpdateWeightFromDiskReqInput(model_path="/new/weights")
     )
     assert success, message
     assert paced.scheduler.wait_for("weights") == "/new/weights"
     assert not pending.done()  # paused: the streams wait
-    asyncio.run(p.continue_generation(ContinueGenerationReqInput()))
+    trainer.continue_generation(ContinueGenerationReqInput())
     paced.scheduler.wait_for("continued")
     streams = pending.result(60)
     for outs in streams:

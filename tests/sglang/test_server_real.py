@@ -36,6 +36,8 @@ def test_serves_generate_and_health_then_stops_in_order(
     server = start_sglang_server(p)
     try:
         assert server.running
+        # uvloop is installed with SGLang: the server's loop is uvloop's, as SGLang's own.
+        assert type(server._loop_thread.loop).__module__.startswith("uvloop")
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
         out = _generate(server.url, "http-1")
         assert out["output_ids"] == [100, 101, 102, 103]
