@@ -77,14 +77,24 @@ class _Health:
         # Both run for the manager's life: either ending means the manager is gone.
         self.tasks: tuple[asyncio.Task[Any], ...] = ()
 
-    def manager_died(self) -> bool:
-        return any(task.done() for task in self.tasks)
+    def ended(self) -> ExitReason | None:
+        """Why the manager's tasks ended, if they did.
+
+        Only the owner loop's shutdown cancels them; one that raised or returned
+        means the manager died (SGLang would now kill the process).
+        """
+        done = [task for task in self.tasks if task.done()]
+        if not done:
+            return None
+        if all(task.cancelled() for task in done):
+            return ExitReason.OWNER_LOOP_STOPPED
+        return ExitReason.ENGINE_DIED
 
     def healthy(self) -> bool:
         return (
             not self.owner.is_closed()
             and self.owner.is_running()
-            and not self.manager_died()
+            and self.ended() is None
             and self.manager.is_healthy()
         )
 
@@ -361,9 +371,10 @@ class SGLangServer:
                 _log.error("the manager's owner loop stopped; stopping the server at %s", self.url)
                 server.should_exit = True
                 return
-            if self._health.manager_died():
-                self.exit_reason = ExitReason.ENGINE_DIED
-                _log.error("the manager's handle_loop died; stopping the server at %s", self.url)
+            ended = self._health.ended()
+            if ended is not None:
+                self.exit_reason = ended
+                _log.error("%s; stopping the server at %s", ended.value, self.url)
                 server.should_exit = True
                 return
 

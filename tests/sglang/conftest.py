@@ -93,6 +93,13 @@ def sgl(tiny_model: Path, tmp_path: Path) -> Iterator[Manager]:
 
 
 @pytest.fixture
+def paced(tiny_model: Path, tmp_path: Path) -> Iterator[Manager]:
+    """A stand-in that takes 2 ms per step: a long request stays in flight for seconds."""
+    with real_manager(tiny_model, tmp_path / "ipc", step_s=0.002) as m:
+        yield m
+
+
+@pytest.fixture
 def owner() -> Iterator[LoopThread]:
     # asyncio's own loop (SGLang installs uvloop's policy on import): the race test
     # relies on asyncio's debug-mode thread check.

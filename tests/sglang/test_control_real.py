@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import Crashes, Manager, open_requests_after_barrier, real_manager
+from conftest import Crashes, Manager, open_requests_after_barrier
 from sglang.srt.managers import tokenizer_manager as tm_module
 from sglang.srt.managers.io_struct import (
     ContinueGenerationReqInput,
@@ -27,7 +27,7 @@ from loopbridge import LoopThread, blocking
 from loopbridge_sglang import async_generate, tokenizer_manager_proxy
 
 N_STREAMS = 12
-TOKENS = 40
+TOKENS = 300  # 0.6 s at the paced stand-in's 2 ms a step: in flight when paused
 
 
 def _stream_obj(rid: str, tokens: int = TOKENS) -> GenerateReqInput:
@@ -59,13 +59,6 @@ def _start_streams(p: Any, server: LoopThread) -> tuple[Any, threading.Semaphore
 def _wait_first_outputs(first: threading.Semaphore) -> None:
     for _ in range(N_STREAMS):
         assert first.acquire(timeout=60)
-
-
-@pytest.fixture
-def paced(tiny_model: Any, tmp_path: Any) -> Any:
-    # 2 ms per step: streams are in flight long enough to pause them.
-    with real_manager(tiny_model, tmp_path / "ipc", step_s=0.002) as m:
-        yield m
 
 
 def test_pause_update_weights_continue_under_streaming_load(
@@ -129,20 +122,26 @@ def test_weight_update_under_load_waits_for_the_running_requests(
         p.update_weights_from_disk(UpdateWeightFromDiskReqInput(model_path="/w2"))
     )
     assert success
-    assert pending.done()
-    for outs in pending.result():
+    # The stand-in saw every request finish before the update reached it: events
+    # reported before "weights" are buffered by wait_for, so timeout=0 finds them
+    # there and would fail for one reported after.
+    assert paced.scheduler.wait_for("weights") == "/w2"
+    for i in range(N_STREAMS):
+        paced.scheduler.wait_for("finished", f"load-{i}", timeout=0)
+    for outs in pending.result(60):
         assert outs[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert crashes.errors == []
 
 
 def test_closing_a_stream_aborts_the_request_in_the_manager(
-    sgl: Manager, owner: LoopThread, server_loop: LoopThread
+    paced: Manager, owner: LoopThread, server_loop: LoopThread
 ) -> None:
+    sgl = paced  # 2000 tokens at 2 ms a step: still running when the client leaves
     p = tokenizer_manager_proxy(sgl.manager, loop=owner.loop)
     sgl.scheduler.hold()
 
     async def read_one_then_leave() -> dict[str, Any]:
-        obj = _stream_obj("leaves", 1000)
+        obj = _stream_obj("leaves", 2000)
         obj.stream = True
         agen = p.generate_request(obj)
         task = asyncio.ensure_future(agen.__anext__())

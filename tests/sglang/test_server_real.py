@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 import pytest
 from conftest import Crashes, Manager, open_requests_after_barrier
+from sglang.srt.managers.io_struct import GenerateReqInput
 
 from loopbridge import LoopThread
-from loopbridge_sglang import tokenizer_manager_proxy
+from loopbridge_sglang import async_generate, tokenizer_manager_proxy
 from loopbridge_sglang.server import ExitReason, SGLangServer, start_sglang_server
 
 
@@ -124,25 +125,30 @@ def test_the_server_stops_when_handle_loop_dies(
     p = tokenizer_manager_proxy(sgl.manager, loop=owner.loop)
     server = SGLangServer(p, watchdog_interval=0.05).start()
 
-    # handle_loop ends (as when it raises and SGLang kills the process).
-    async def crash_handle_loop() -> None:
-        (handle_loop,) = [t for t in sgl.manager.asyncio_tasks if not t.done()][:1]
-        handle_loop.cancel()
+    # handle_loop raises on the next reply (a malformed one, say); SGLang would now
+    # kill the process (the conftest records it instead).
+    def malformed(recv_obj: Any) -> Any:
+        raise RuntimeError("malformed reply from the scheduler")
 
-    owner.run(crash_handle_loop)
+    sgl.manager._handle_batch_output = malformed
+    obj = GenerateReqInput(input_ids=[1], sampling_params={"max_new_tokens": 2})
+    # Never answered: handle_loop is gone. The owner's shutdown ends it.
+    asyncio.run_coroutine_threadsafe(async_generate(p, obj), owner.loop)
+    assert crashes.seen.wait(30) and crashes.where == ["handle_loop"]
     server.thread.join(30)
     assert not server.thread.is_alive()
     assert server.exit_reason is ExitReason.ENGINE_DIED
     server.stop()
 
 
-def test_a_client_that_disconnects_aborts_its_request(sgl: Manager, owner: LoopThread) -> None:
+def test_a_client_that_disconnects_aborts_its_request(paced: Manager, owner: LoopThread) -> None:
+    sgl = paced  # 2000 tokens at 2 ms a step: still running when the client hangs up
     p = tokenizer_manager_proxy(sgl.manager, loop=owner.loop)
     with start_sglang_server(p) as server:
         sgl.scheduler.hold()
         body = {
             "input_ids": [1],
-            "sampling_params": {"max_new_tokens": 1000},
+            "sampling_params": {"max_new_tokens": 2000},
             "stream": True,
             "rid": "hangs-up",
         }
