@@ -9,8 +9,9 @@ Read statically from the source, so it runs without any optional package:
   package does not import itself, such as an integration) is in an extra, or is
   the tool that loads a plugin module; imports under ``TYPE_CHECKING`` never run
   and are not counted;
-- the adapter imports only vLLM, what the pinned vLLM lists install, or extras;
-- every package an extra names is imported somewhere, and no extra pins vLLM.
+- each adapter imports only its engine, what the engine's pinned lists install, or
+  extras; what the adapters share (``loopbridge_adapters``) imports only extras;
+- every package an extra names is imported somewhere, and no extra pins an engine.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,6 +36,9 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Import name -> distribution name where they differ.
 DISTRIBUTION = {"yaml": "pyyaml", "zmq": "pyzmq", "PIL": "pillow", "cpuinfo": "py-cpuinfo"}
 # Plugin modules are loaded by the tool they extend, which is then installed.
+# The packages this distribution ships: the core, what the adapters share, the adapters.
+OURS = ("loopbridge", "loopbridge_adapters", "loopbridge_sglang", "loopbridge_vllm")
+ENGINES = {"loopbridge_vllm": "vllm", "loopbridge_sglang": "sglang"}
 PLUGIN_HOSTS = {"loopbridge.mypy_plugin": "mypy", "loopbridge.pytest_plugin": "pytest"}
 
 
@@ -113,7 +119,7 @@ def imports_of(package: str) -> Iterator[Import]:
 
 def third_party(module: str) -> bool:
     top = module.split(".")[0]
-    return top not in sys.stdlib_module_names and top not in {"loopbridge", "loopbridge_vllm"}
+    return top not in sys.stdlib_module_names and top not in OURS
 
 
 def reachable_from_package_import() -> set[str]:
@@ -160,10 +166,10 @@ def core_imports() -> tuple[set[str], set[tuple[str, str]]]:
     return runtime, optional
 
 
-def vllm_install() -> set[str]:
-    """Distributions the pinned vLLM CPU lists install (vLLM's own dependencies)."""
+def engine_install(engine: str) -> set[str]:
+    """Distributions the engine's pinned CPU lists install (its own dependencies)."""
     names: set[str] = set()
-    for path in (REPO / "requirements").glob("vllm-*.txt"):
+    for path in (REPO / "requirements").glob(f"{engine}-*.txt"):
         for line in path.read_text().splitlines():
             if line.strip() and not line.lstrip().startswith("#"):
                 names.add(requirement_name(line))
@@ -188,20 +194,32 @@ def test_optional_core_imports_are_in_an_extra() -> None:
     assert missing == set(), "optional imports no extra provides"
 
 
-def test_adapter_imports_come_with_vllm_or_an_extra() -> None:
-    provided = vllm_install() | set().union(*extras().values()) | {"vllm"}
+@pytest.mark.parametrize("adapter", sorted(ENGINES))
+def test_adapter_imports_come_with_its_engine_or_an_extra(adapter: str) -> None:
+    engine = ENGINES[adapter]
+    provided = engine_install(engine) | set().union(*extras().values()) | {engine}
     missing = {
         (imp.importer, distribution_of(imp.module))
-        for imp in imports_of("loopbridge_vllm")
+        for imp in imports_of(adapter)
         if third_party(imp.module) and distribution_of(imp.module) not in provided
     }
     assert missing == set()
 
 
+def test_shared_adapter_code_needs_no_engine() -> None:
+    in_extras = set().union(*extras().values())
+    imported = {
+        distribution_of(imp.module)
+        for imp in imports_of("loopbridge_adapters")
+        if third_party(imp.module)
+    }
+    assert imported <= in_extras
+
+
 def test_every_extra_requirement_is_imported() -> None:
     imported = {
         distribution_of(imp.module)
-        for package in ("loopbridge", "loopbridge_vllm")
+        for package in OURS
         for imp in imports_of(package)
         if third_party(imp.module)
     }
@@ -209,8 +227,8 @@ def test_every_extra_requirement_is_imported() -> None:
     assert unused == set()
 
 
-def test_no_extra_pins_vllm_and_tools_live_in_groups() -> None:
-    assert all("vllm" not in names for names in extras().values())
+def test_no_extra_pins_an_engine_and_tools_live_in_groups() -> None:
+    assert all(not set(ENGINES.values()) & names for names in extras().values())
     groups = PYPROJECT.get("dependency-groups", {})
     tools = {requirement_name(r) for reqs in groups.values() for r in reqs if isinstance(r, str)}
     assert {"pytest", "ray", "ruff"} <= tools
@@ -231,17 +249,17 @@ def test_the_scan_sees_what_it_must() -> None:
     assert ("loopbridge._trio", "trio") in optional
     assert ("loopbridge.pytest_plugin", "pytest") in optional
     assert "loopbridge._proxy" in reachable_from_package_import()
-    assert any(
-        imp.module.startswith("vllm.") and imp.unconditional
-        for imp in imports_of("loopbridge_vllm")
-    )
+    for adapter, engine in ENGINES.items():
+        assert any(imp.module.startswith(f"{engine}.") for imp in imports_of(adapter))
 
 
 def test_the_adapter_wall_names_every_private_core_module() -> None:
     """import-linter's wall between adapters and the core lists the private
-    modules by name (it has no wildcard for a name prefix): keep it whole."""
+    modules by name (it has no wildcard for a name prefix): keep it whole, and
+    keep every package beside the core behind it."""
     contracts = PYPROJECT["tool"]["importlinter"]["contracts"]
-    (wall,) = [c for c in contracts if c.get("source_modules") == ["loopbridge_vllm"]]
+    (wall,) = [c for c in contracts if "loopbridge_vllm" in c.get("source_modules", ())]
+    assert sorted(wall["source_modules"]) == sorted(OURS[1:])
     private = {
         f"loopbridge.{p.stem}"
         for p in (REPO / "src" / "loopbridge").glob("_*.py")

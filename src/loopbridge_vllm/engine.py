@@ -30,14 +30,19 @@ with :class:`UnclassifiedMemberError` instead of failing requests later.
 from __future__ import annotations
 
 import asyncio
-import enum
-import inspect
 import weakref
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from loopbridge import LoopAffinityError, adopt, is_proxy, owner_loop, proxy, transfer, unwrap
+from loopbridge_adapters.surface import (
+    Member,
+    MemberTable,
+    Policy,
+    Rule,
+    UnclassifiedMemberError,
+    collect,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -58,33 +63,6 @@ __all__ = [
     "shutdown_engine",
     "surface",
 ]
-
-
-class Policy(str, enum.Enum):
-    """What the proxy does with a member."""
-
-    STABLE = "stable"  # data set once at construction: read directly
-    HEALTH = "health"  # status read directly; never blocks the caller's loop
-    THREADSAFE = "threadsafe"  # sync member that is safe to call from any thread
-    MARSHAL = "marshal"  # coroutine: runs on the owner loop
-    STREAM = "stream"  # async generator: runs on the owner loop, streamed back
-    REFUSE = "refuse"  # owner-loop state: LoopAffinityError when touched
-    CLASS_LEVEL = "class-level"  # classmethod/staticmethod/class data: untouched
-
-
-@dataclass(frozen=True)
-class Rule:
-    policy: Policy
-    reason: str
-
-
-@dataclass(frozen=True)
-class Member:
-    """One member of the installed engine surface."""
-
-    name: str
-    kind: str  # "async", "asyncgen", "sync", "property", "class-level", "data"
-    origin: str  # where it was found: "EngineClient", "AsyncLLM" or "instance"
 
 
 _STABLE_CONFIG = (
@@ -200,42 +178,8 @@ KIND_RULES: Mapping[str, Rule] = {
 }
 
 
-class UnclassifiedMemberError(LoopAffinityError):
-    """The installed vLLM has engine members that no rule classifies."""
-
-    def __init__(self, members: Iterable[Member]) -> None:
-        self.members = tuple(members)
-        listed = ", ".join(f"{m.name} ({m.kind}, from {m.origin})" for m in self.members)
-        super().__init__(
-            f"these engine members are not classified for cross-thread use: {listed}. "
-            "Add a rule to loopbridge_vllm.engine.RULES saying whether each is stable "
-            "data, a health read, thread-safe, or owner-loop state."
-        )
-
-
 class UnsupportedEngineConfig(LoopAffinityError):
     """An engine option makes a sync member unsafe off the owner loop."""
-
-
-def _member_kind(raw: Any) -> str:
-    if isinstance(raw, (staticmethod, classmethod)):
-        return "class-level"
-    fn = raw
-    if inspect.isasyncgenfunction(fn):
-        return "asyncgen"
-    if inspect.iscoroutinefunction(fn):
-        return "async"
-    if isinstance(raw, property):
-        return "property"
-    if inspect.isfunction(fn):
-        return "sync"
-    if hasattr(raw, "__get__") and not inspect.isclass(raw):
-        return "property"  # other descriptors (cached_property, slots, ...)
-    return "class-level"
-
-
-def _is_dunder(name: str) -> bool:
-    return name.startswith("__") and name.endswith("__")
 
 
 def surface(engine_cls: type | None = None, instance: object | None = None) -> dict[str, Member]:
@@ -252,62 +196,23 @@ def surface(engine_cls: type | None = None, instance: object | None = None) -> d
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_cls = AsyncLLM
-    found: dict[str, Member] = {}
-    for cls, origin in ((engine_cls, engine_cls.__name__), (EngineClient, "EngineClient")):
-        for klass in cls.__mro__:
-            if klass is object:
-                continue
-            for name, raw in vars(klass).items():
-                if _is_dunder(name) or name in found:
-                    continue
-                found[name] = Member(name, _member_kind(raw), origin)
-    for klass in EngineClient.__mro__:
-        for name in getattr(klass, "__annotations__", {}):
-            if not _is_dunder(name) and name not in found:
-                found[name] = Member(name, "data", "EngineClient")
-    if instance is not None:
-        for name in vars(instance):
-            if not _is_dunder(name) and name not in found:
-                found[name] = Member(name, "data", "instance")
-    return found
+    return collect((engine_cls, EngineClient), annotated=(EngineClient,), instance=instance)
 
 
-def _rule_for(member: Member) -> Rule | None:
-    rule = RULES.get(member.name)
-    if rule is not None:
-        return rule
-    if member.kind in ("async", "asyncgen", "class-level"):
-        return KIND_RULES[member.kind]
-    if member.name.startswith("_"):
-        return KIND_RULES["private"]
-    return None
+_TABLE = MemberTable(RULES, KIND_RULES, "loopbridge_vllm.engine.RULES")
 
 
 def classify_surface(
     engine_cls: type | None = None, instance: object | None = None
 ) -> dict[str, tuple[Member, Rule | None]]:
     """Each member of :func:`surface` with its rule (``None``: unclassified)."""
-    return {name: (m, _rule_for(m)) for name, m in surface(engine_cls, instance).items()}
+    return _TABLE.classify(surface(engine_cls, instance))
 
 
 def _declarations(
     engine_cls: type, instance: object | None
 ) -> tuple[frozenset[str], frozenset[str]]:
-    table = classify_surface(engine_cls, instance)
-    missing = [m for m, rule in table.values() if rule is None]
-    if missing:
-        raise UnclassifiedMemberError(missing)
-    stable = frozenset(
-        name
-        for name, (_, rule) in table.items()
-        if rule is not None and rule.policy is Policy.STABLE
-    )
-    threadsafe = frozenset(
-        name
-        for name, (_, rule) in table.items()
-        if rule is not None and rule.policy in (Policy.HEALTH, Policy.THREADSAFE)
-    )
-    return stable, threadsafe
+    return _TABLE.declarations(surface(engine_cls, instance))
 
 
 # Engines declared by adopt_engine (with this module's member table).

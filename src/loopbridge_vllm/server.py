@@ -29,15 +29,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, LoopThread, owner_loop, unwrap
+from loopbridge_adapters.http import (
+    ExitReason,
+    adopt_listener,
+    bind,
+    bind_unix,
+    loop_factory,
+    thread_server_class,
+)
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
 from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
@@ -64,13 +71,6 @@ _log = logging.getLogger("loopbridge_vllm.server")
 
 class ServerStartError(RuntimeError):
     """The server thread failed before it accepted connections."""
-
-
-class ExitReason(str, enum.Enum):
-    """Why a server stopped by itself (:attr:`OpenAIServer.exit_reason`)."""
-
-    ENGINE_DIED = "engine died"
-    OWNER_LOOP_STOPPED = "the engine's owner loop stopped"
 
 
 # The owner loop must be seen stopped on this many watchdog checks in a row: a
@@ -180,46 +180,10 @@ def check_serve_args(client: EngineClient, args: argparse.Namespace) -> None:
         )
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP, not 0: accepted sockets inherit the protocol, and asyncio
-    # sets TCP_NODELAY only on sockets that say they are TCP. Without it, Nagle's
-    # algorithm meets the client's delayed ACK on kept-alive connections (+40 ms).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    return _listening(sock, (host, port))
-
-
-def _bind_unix(path: str) -> socket.socket:
-    """A listening Unix socket at ``path`` (``--uds``), as vLLM's launcher binds it."""
-    return _listening(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), path)
-
-
-def _listening(sock: socket.socket, address: Any) -> socket.socket:
-    """``sock`` bound to ``address`` and listening, non-blocking; closed if that fails."""
-    try:
-        sock.bind(address)
-        # Listen at once: clients that connect before uvicorn runs wait in the
-        # backlog instead of being refused.
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
-def _adopt_listener(sock: socket.socket) -> socket.socket:
-    families = (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX)
-    if sock.type != socket.SOCK_STREAM or sock.family not in families:
-        raise ValueError(f"sock must be a listening TCP or Unix socket, not {sock!r}")
-    if sock.family != socket.AF_UNIX:
-        # The caller's socket may have been made with protocol 0, for which
-        # asyncio leaves Nagle on (see _bind). Linux copies TCP_NODELAY from
-        # the listener to the connections it accepts.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setblocking(False)
-    return sock
+# The shared pieces, under the names this module's callers use.
+_bind = bind
+_bind_unix = bind_unix
+_adopt_listener = adopt_listener
 
 
 def _uses_tls(args: argparse.Namespace) -> bool:
@@ -282,36 +246,8 @@ def _uvicorn_config(app: Any, args: argparse.Namespace, log_level: str, grace: f
     return config
 
 
-def _loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop when asked for and installed (as ``vllm serve`` runs), else asyncio."""
-    if use_uvloop:
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.new_event_loop
-    return asyncio.new_event_loop
-
-
-def _server_class() -> type[Any]:
-    import uvicorn
-
-    class _ThreadServer(uvicorn.Server):
-        on_started: Callable[[], None] = staticmethod(lambda: None)
-
-        # Signal handlers can only be installed on the main thread; whoever
-        # owns the process decides what a signal means and calls stop().
-        @contextlib.contextmanager
-        def capture_signals(self) -> Generator[None, None, None]:
-            yield
-
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                self.on_started()
-
-    return _ThreadServer
+_loop_factory = loop_factory
+_server_class = thread_server_class
 
 
 class OpenAIServer:

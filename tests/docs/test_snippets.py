@@ -133,12 +133,13 @@ def test_typecheck_snippets_pass_mypy(tmp_path: Path) -> None:
         f.write_text(_as_function(snippet))
         files.append(str(f))
     config = tmp_path / "mypy.ini"
-    # vLLM's own types are not what these snippets check, and analysing them
-    # would take minutes: its modules are taken as Any, and the core's
-    # per-Python venvs, which have no vLLM, check the same snippets.
+    # The engines' own types are not what these snippets check, and analysing
+    # them would take minutes: their modules are taken as Any, and the core's
+    # per-Python venvs, which have no engine, check the same snippets.
     config.write_text(
         "[mypy]\nwarn_unused_ignores = True\n\n"
-        "[mypy-vllm.*]\nfollow_imports = skip\nignore_missing_imports = True\n"
+        "[mypy-vllm.*]\nfollow_imports = skip\nignore_missing_imports = True\n\n"
+        "[mypy-sglang.*]\nfollow_imports = skip\nignore_missing_imports = True\n"
     )
     result = subprocess.run(
         [

@@ -1,0 +1,38 @@
+"""loopbridge for SGLang: ``TokenizerManager`` owned by one loop, served and driven from anywhere.
+
+* :func:`tokenizer_manager_proxy` - a ``TokenizerManager`` for SGLang's serving layer
+  that is safe on any thread or loop.
+* :func:`async_generate` - one generate request, typed by ``stream``.
+* :func:`start_sglang_server` - SGLang's own HTTP app on its own thread, bound to it.
+* :func:`adopt_manager` / :func:`bind_owner_loop` - declare or record the owner loop.
+* :mod:`loopbridge_sglang.cpu_manager` - the real manager on CPU against a stand-in
+  scheduler process, for tests and benchmarks.
+
+Importing this package does not import SGLang.
+"""
+
+from __future__ import annotations
+
+from .manager import (
+    OwnerSideRequest,
+    UnclassifiedMemberError,
+    adopt_manager,
+    async_generate,
+    bind_owner_loop,
+    is_tokenizer_manager_proxy,
+    tokenizer_manager_proxy,
+)
+from .server import ServerStartError, SGLangServer, start_sglang_server
+
+__all__ = [
+    "OwnerSideRequest",
+    "SGLangServer",
+    "ServerStartError",
+    "UnclassifiedMemberError",
+    "adopt_manager",
+    "async_generate",
+    "bind_owner_loop",
+    "is_tokenizer_manager_proxy",
+    "start_sglang_server",
+    "tokenizer_manager_proxy",
+]

@@ -1,0 +1,419 @@
+"""SGLang's own HTTP server on its own thread, bound to a loop-safe manager.
+
+:func:`start_sglang_server` wraps a ``TokenizerManager`` in
+:func:`~loopbridge_sglang.manager.tokenizer_manager_proxy` (unless it already is one),
+binds the listening socket in the caller's thread (a busy port fails at once), starts a
+thread with a fresh event loop (uvloop when installed), injects the proxy into SGLang's
+FastAPI ``app`` through ``http_server.set_global_state`` and serves the app there with
+uvicorn (no signal handlers: signals belong to the main thread; TCP_NODELAY on every
+connection). It returns once the server accepts connections, with the bound URL.
+
+Ordering guarantees:
+
+* **Start** only after the manager's owner loop answered a round trip (which marks
+  the manager up, as SGLang's warm-up does) and ``handle_loop`` runs there.
+* **Stop** (:meth:`SGLangServer.stop` / :meth:`SGLangServer.aclose`) stops accepting
+  connections, drains for at most ``grace`` seconds (requests still running are
+  cancelled, which aborts them in the manager), then joins the thread with a bound.
+* ``GET /health`` is answered before SGLang's app sees it, from reads that need no
+  owner loop: a busy or blocked owner loop never makes a healthy manager look dead,
+  and a dead one is reported without its help.
+* A watchdog stops the server when ``handle_loop`` dies (SGLang would have killed
+  the process) and when the owner loop stops or closes.
+
+SGLang's app is one per process (``set_global_state`` sets a module global), so one
+server at a time serves it; a second :meth:`start` while one runs raises
+:class:`ServerStartError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from loopbridge import LoopAffinityError, LoopThread, owner_loop, unwrap
+from loopbridge_adapters.http import (
+    ExitReason,
+    adopt_listener,
+    bind,
+    loop_factory,
+    thread_server_class,
+)
+
+from .manager import is_tokenizer_manager_proxy, tokenizer_manager_proxy
+
+__all__ = ["ExitReason", "SGLangServer", "ServerStartError", "start_sglang_server"]
+
+_log = logging.getLogger("loopbridge_sglang.server")
+
+# The owner loop must be seen stopped on this many checks in a row: a loop driven by
+# repeated run_until_complete() calls is briefly not running.
+_OWNER_STOPPED_TICKS = 2
+
+_serving_lock = threading.Lock()
+_serving: SGLangServer | None = None  # the one server SGLang's module-global app serves
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class ServerStartError(RuntimeError):
+    """The server failed before it accepted connections."""
+
+
+class _Health:
+    """The manager's health, read without its owner loop."""
+
+    def __init__(self, manager: Any, owner: asyncio.AbstractEventLoop) -> None:
+        self.manager = manager
+        self.owner = owner
+        # handle_loop and SGLang's sigterm watchdog, taken on the owner loop at start.
+        # Both run for the manager's life: either ending means the manager is gone.
+        self.tasks: tuple[asyncio.Task[Any], ...] = ()
+
+    def ended(self) -> ExitReason | None:
+        """Why the manager's tasks ended, if they did.
+
+        Only the owner loop's shutdown cancels them; one that raised or returned
+        means the manager died (SGLang would now kill the process).
+        """
+        done = [task for task in self.tasks if task.done()]
+        if not done:
+            return None
+        if all(task.cancelled() for task in done):
+            return ExitReason.OWNER_LOOP_STOPPED
+        return ExitReason.ENGINE_DIED
+
+    def healthy(self) -> bool:
+        return (
+            not self.owner.is_closed()
+            and self.owner.is_running()
+            and self.ended() is None
+            and self.manager.is_healthy()
+        )
+
+
+class _HealthFirst:
+    """``GET /health`` from :class:`_Health`; everything else to SGLang's app."""
+
+    def __init__(self, app: Any, health: _Health) -> None:
+        self.app = app
+        self.health = health
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/health":
+            status = 200 if self.health.healthy() else 503
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [(b"content-length", b"0")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await self.app(scope, receive, send)
+
+
+async def _mark_up(manager: Any, health: _Health) -> None:
+    """On the owner loop: start handle_loop there and mark the manager up."""
+    from sglang.srt.managers.tokenizer_manager import ServerStatus
+
+    manager.auto_create_handle_loop()
+    health.tasks = tuple(manager.asyncio_tasks)
+    if manager.server_status == ServerStatus.Starting:
+        manager.server_status = ServerStatus.Up
+
+
+def _skip_warmup(*args: Any, **kwargs: Any) -> bool:
+    # The server marked the manager up itself (a round trip on its owner loop);
+    # SGLang's warm-up would POST a request to its own URL and freeze the GC.
+    return False
+
+
+class SGLangServer:
+    """A running server thread; see :func:`start_sglang_server`."""
+
+    def __init__(
+        self,
+        manager: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        grace: float = 5.0,
+        log_level: str = "warning",
+        watchdog_interval: float = 1.0,
+        name: str = "loopbridge-sglang-server",
+        use_uvloop: bool = True,
+        sock: socket.socket | None = None,
+        template_manager: Any = None,
+        scheduler_info: dict[str, Any] | None = None,
+    ) -> None:
+        if not is_tokenizer_manager_proxy(manager):
+            manager = tokenizer_manager_proxy(manager)
+        owner = owner_loop(manager)
+        if owner is None:
+            raise LoopAffinityError(
+                "the manager has no owner loop yet: pass loop= to tokenizer_manager_proxy, "
+                "or record it with loopbridge_sglang.bind_owner_loop() before serving"
+            )
+        if owner.is_closed():
+            raise ServerStartError("the manager's owner loop is closed")
+        self.manager = manager
+        self.grace = grace
+        self._log_level = log_level
+        self._watchdog_interval = watchdog_interval
+        self._template_manager = template_manager
+        self._scheduler_info = scheduler_info
+        self._health = _Health(manager, owner)
+        self._sock = bind(host, port) if sock is None else adopt_listener(sock)
+        bound = self._sock.getsockname()
+        self.host = host if sock is None else str(bound[0])
+        self.port = int(bound[1])
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{shown}:{self.port}"
+        self.exit_reason: ExitReason | None = None
+        self._server: Any = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._loop_thread = LoopThread(name, loop_factory=loop_factory(use_uvloop))
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> SGLangServer:
+        """Start the thread; return once connections are served.
+
+        Start-up needs the manager's owner loop, so on that loop use ``await astart()``.
+        """
+        if _on_loop(self._health.owner):
+            raise LoopAffinityError(
+                "start() on the manager's owner loop would wait for that same loop: "
+                "use `await server.astart()` there"
+            )
+        return self._started(self._launch(timeout), timeout)
+
+    async def astart(self, timeout: float = 60.0) -> SGLangServer:
+        """:meth:`start` for async callers; the calling loop keeps running meanwhile."""
+        return self._started(await asyncio.to_thread(self._launch, timeout), timeout)
+
+    def _launch(self, timeout: float) -> bool:
+        global _serving
+        with _serving_lock:
+            if _serving is not None and _serving.running:
+                self._sock.close()
+                raise ServerStartError(
+                    f"SGLang's app is already served by {_serving.url}: it is one per process "
+                    "(http_server.set_global_state); stop that server first"
+                )
+            _serving = self
+        self._loop_thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self._loop_thread.loop)
+        return self._ready.wait(timeout)
+
+    def _started(self, ready: bool, timeout: float) -> SGLangServer:
+        if not ready:
+            self._signal_exit()
+            self.thread.join(self.grace + 5.0)
+            self._sock.close()
+            raise ServerStartError(f"server did not start within {timeout} s")
+        if self._error is not None or not self.running:
+            self.thread.join(self.grace + 5.0)
+            self._sock.close()
+            raise ServerStartError(f"server thread failed to start: {self._error}") from self._error
+        return self
+
+    @property
+    def running(self) -> bool:
+        """True while the server thread serves requests."""
+        thread = self._loop_thread.thread
+        return (
+            thread is not None
+            and thread.is_alive()
+            and self._server is not None
+            and bool(self._server.started)
+            and not self._server.should_exit
+        )
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The server's thread (a thread that never ran, before :meth:`start`)."""
+        return self._loop_thread.thread or threading.Thread(name=f"{self._loop_thread.name}")
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the server: drain for ``grace`` s, then join the thread (bounded).
+
+        Raises :class:`TimeoutError` if the thread does not end. On the manager's owner
+        loop, use ``await aclose()``: draining requests need that loop.
+        """
+        thread = self._loop_thread.thread
+        if thread is not None and threading.current_thread() is thread:
+            raise RuntimeError("stop() called from the server's own thread")
+        if thread is not None and thread.is_alive() and _on_loop(self._health.owner):
+            raise LoopAffinityError(
+                "stop() on the manager's owner loop would block the loop that running "
+                "requests need to finish: use `await server.aclose()` there"
+            )
+        self._signal_exit()
+        if thread is not None:
+            limit = self.grace + 5.0 if timeout is None else timeout
+            thread.join(limit)
+            if thread.is_alive() and self._server is not None:
+                self._server.force_exit = True
+                thread.join(5.0)
+        self._sock.close()
+        if thread is not None and thread.is_alive():
+            raise TimeoutError(f"server thread {thread.name} did not stop")
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        """:meth:`stop` for async callers (the owner loop stays free meanwhile)."""
+        await asyncio.to_thread(self.stop, timeout)
+
+    def __enter__(self) -> SGLangServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the server thread ---------------------------------------------------------
+    def _signal_exit(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._server is not None:
+                self._server.should_exit = True
+
+    async def _serve_until_exit(self) -> None:
+        global _serving
+        try:
+            await self._main()
+        except BaseException as exc:  # reported through start() or the log
+            self._error = exc
+            if self._ready.is_set():
+                _log.exception("SGLang server thread failed")
+        finally:
+            with _serving_lock:
+                if _serving is self:
+                    _serving = None
+            self._ready.set()
+            asyncio.get_running_loop().stop()
+
+    async def _main(self) -> None:
+        manager = self.manager
+        owner = self._health.owner
+        # The owner loop must answer before anything is served.
+        await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(_mark_up(unwrap(manager), self._health), owner)
+        )
+        if not self._health.healthy():
+            raise ServerStartError("the manager is not healthy")
+        from sglang.srt.entrypoints import http_server
+        from sglang.srt.parser.template_manager import TemplateManager
+
+        http_server.set_global_state(
+            http_server._GlobalState(
+                tokenizer_manager=manager,
+                template_manager=self._template_manager or TemplateManager(),
+                scheduler_info=self._scheduler_info or {},
+            )
+        )
+        app = http_server.app
+        # What SGLang's launcher sets before serving a single-tokenizer app.
+        app.is_single_tokenizer_mode = True
+        app.server_args = manager.server_args
+        app.warmup_thread_kwargs = dict(
+            server_args=manager.server_args, execute_warmup_func=_skip_warmup
+        )
+        import uvicorn
+
+        config = uvicorn.Config(
+            _HealthFirst(app, self._health),
+            log_level=self._log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=max(1, round(self.grace)),
+        )
+        server = thread_server_class()(config)
+        server.on_started = self._ready.set
+        with self._lock:
+            if self._stopped:
+                return
+            self._server = server
+        serving = asyncio.create_task(server.serve(sockets=[self._sock]))
+        watchdog = asyncio.create_task(self._watchdog(server))
+        try:
+            await serving
+        finally:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+
+    async def _watchdog(self, server: Any) -> None:
+        owner = self._health.owner
+        stopped_ticks = 0
+        while True:
+            await asyncio.sleep(self._watchdog_interval)
+            # Owner first: a closing owner loop also ends handle_loop, and the cause,
+            # not the symptom, is the exit reason.
+            if owner.is_closed():
+                stopped_ticks = _OWNER_STOPPED_TICKS
+            elif not owner.is_running():
+                stopped_ticks += 1
+            else:
+                stopped_ticks = 0
+            if stopped_ticks >= _OWNER_STOPPED_TICKS:
+                self.exit_reason = ExitReason.OWNER_LOOP_STOPPED
+                _log.error("the manager's owner loop stopped; stopping the server at %s", self.url)
+                server.should_exit = True
+                return
+            ended = self._health.ended()
+            if ended is not None:
+                self.exit_reason = ended
+                _log.error("%s; stopping the server at %s", ended.value, self.url)
+                server.should_exit = True
+                return
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def start_sglang_server(
+    manager: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    grace: float = 5.0,
+    log_level: str = "warning",
+    start_timeout: float = 60.0,
+    use_uvloop: bool = True,
+    sock: socket.socket | None = None,
+    template_manager: Any = None,
+    scheduler_info: dict[str, Any] | None = None,
+) -> SGLangServer:
+    """Serve SGLang's HTTP app for ``manager`` from a new thread; return when ready.
+
+    ``manager`` is a ``TokenizerManager`` proxy (:func:`tokenizer_manager_proxy`), or a
+    manager already declared with its owner loop. ``port=0`` picks a free port;
+    ``sock`` serves an already bound, listening socket instead. ``template_manager``
+    and ``scheduler_info`` are SGLang's (its chat templates, ``/server_info``).
+    """
+    return SGLangServer(
+        manager,
+        host=host,
+        port=port,
+        grace=grace,
+        log_level=log_level,
+        use_uvloop=use_uvloop,
+        sock=sock,
+        template_manager=template_manager,
+        scheduler_info=scheduler_info,
+    ).start(start_timeout)
