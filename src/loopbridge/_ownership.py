@@ -51,6 +51,7 @@ class Ownership:
         "stable",
         "threadsafe",
         "returns",
+        "_key",
         "_lock",
         "name",
         "metrics",
@@ -71,13 +72,14 @@ class Ownership:
         self.threadsafe = threadsafe
         # Rules for members whose results belong to the owner loop (see _returns).
         self.returns: Mapping[str, Any] = MappingProxyType(dict(returns or {}))
+        self._key = (stable, threadsafe, frozenset(self.returns.items()))
         self._lock = threading.Lock()
         self.name = name
         self.metrics = Metrics._create(name)
 
     def spec_key(self) -> tuple[frozenset[str], frozenset[str], frozenset[tuple[str, Any]]]:
         """The declarations as one hashable value (a proxy class is cached by it)."""
-        return (self.stable, self.threadsafe, frozenset(self.returns.items()))
+        return self._key  # declarations are fixed at construction
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
