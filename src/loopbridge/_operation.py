@@ -335,7 +335,14 @@ def start_on_owner(op: Operation) -> None:
     op.t_start = _perf()
     if op.waker.foreign_context:  # an attribute test: most callers are not trio
         _forget_caller_library(op.ctx)
-    op.task = op.launch(loop)
+    try:
+        op.task = op.launch(loop)
+    except BaseException as exc:
+        # Nothing will run it (a task factory that raised, say): fail it now,
+        # or its caller would wait forever.
+        op.settle(ERROR, exc)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
 
 
 def _forget_caller_library(ctx: contextvars.Context) -> None:
