@@ -22,6 +22,7 @@ and plain threads (the blocking face).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,14 @@ from ._returns import PLAIN
 from ._trio import in_trio_run, trio_port
 from ._wakers import LoopWaker, TrioWaker, loop_waker, thread_waker, trio_waker
 
-__all__ = ["Call", "route_call", "call_from_async", "call_from_thread", "cancel_message"]
+__all__ = [
+    "Call",
+    "route_call",
+    "route_exit",
+    "call_from_async",
+    "call_from_thread",
+    "cancel_message",
+]
 
 _perf = time.perf_counter
 
@@ -93,25 +101,43 @@ def route_call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     what: str,
+    finish: bool = False,
 ) -> Any:
-    """An awaitable for a call made off the owner loop, from ``loop`` (the running one)."""
+    """An awaitable for a call made off the owner loop, from ``loop`` (the running one).
+
+    ``finish``: the caller's cancel does not cancel the call (see ``route_exit``).
+    """
     if loop is None:
         # No loop yet (the coroutine was made before asyncio.run, or under
         # trio): decide when it is awaited.
-        return _route_on_await(opts, fn, args, kwargs, what)
-    return call_from_async(loop_waker(loop), opts, fn, args, kwargs, what)
+        return _route_on_await(opts, fn, args, kwargs, what, finish)
+    return call_from_async(loop_waker(loop), opts, fn, args, kwargs, what, finish)
+
+
+#: How an ``__aexit__`` is routed.  Natively an exit starts at once, even in a
+#: cancelled scope, and its cleanup (often shielded: a pool's release, a
+#: subscription's close) finishes.  Through the proxy a cancelled caller would
+#: otherwise cancel it before it starts on the owner, and the cleanup would be
+#: lost.  So the caller's cancel leaves it running to completion on the owner;
+#: the caller waits for it up to ``cancel_grace``, then its cancel goes on.
+route_exit = functools.partial(route_call, finish=True)
 
 
 async def _route_on_await(
-    opts: Options, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+    opts: Options,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
+    finish: bool,
 ) -> Any:
     loop = get_running_loop()
     if loop is not None:
         if loop is opts.ownership.owner.loop:
             return await fn(*args, **kwargs)
-        return await route_call(opts, loop, fn, args, kwargs, what)
+        return await route_call(opts, loop, fn, args, kwargs, what, finish)
     if in_trio_run():
-        return await call_from_async(trio_waker(trio_port()), opts, fn, args, kwargs, what)
+        return await call_from_async(trio_waker(trio_port()), opts, fn, args, kwargs, what, finish)
     raise LoopAffinityError(f"awaiting {what} through a proxy needs a running asyncio loop or trio")
 
 
@@ -122,9 +148,10 @@ async def call_from_async(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     description: str,
+    finish: bool = False,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` on the owner loop; await it from the waker's
-    asyncio loop or trio run.
+    asyncio loop or trio run.  ``finish``: see ``route_exit``.
 
     The call is made when this coroutine first runs, not when it is created,
     so it carries the context (and submission site) of whoever awaits it, as a
@@ -136,7 +163,10 @@ async def call_from_async(
         await waker.arm_and_park(call, call.owner)  # type: ignore[arg-type]
     except waker.cancelled as exc:
         waker.unpark(call)
-        await _cancelled_by_caller(call, waker, cancel_message(exc))
+        if finish:
+            await _outlasts_cancel(call, waker)
+        else:
+            await _cancelled_by_caller(call, waker, cancel_message(exc))
         raise
     waker.unpark(call)
     return _returned(call, _perf())
@@ -166,6 +196,14 @@ def call_from_thread(call: Call) -> Any:
 def cancel_message(exc: BaseException) -> str | None:
     """The message a caller's cancel carries to the owner side (trio's carry none)."""
     return exc.args[0] if isinstance(exc, asyncio.CancelledError) and exc.args else None
+
+
+async def _outlasts_cancel(call: Call, waker: LoopWaker | TrioWaker) -> None:
+    """The caller was cancelled during a call that must finish: leave it running
+    on the owner and wait for it, cancel-proof, up to ``cancel_grace``."""
+    opts = call.opts
+    await waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
+    opts.metrics.returned(call, 0.0)  # the caller resumes through its cancel
 
 
 async def _cancelled_by_caller(call: Call, waker: LoopWaker | TrioWaker, msg: str | None) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ._calls import Call, call_from_thread, route_call
+from ._calls import Call, call_from_thread, route_call, route_exit
 from ._operation import Options
 from ._ownership import on_owner_thread
 from ._ports import get_running_loop
@@ -87,18 +87,20 @@ class Pending:
         return self._call(_enter_on_owner, ())
 
     def __aexit__(self, et: Any, exc: Any, tb: Any) -> Any:
-        return self._call(_exit_on_owner, (et, exc, tb))
+        return self._call(_exit_on_owner, (et, exc, tb), route_exit)
 
     def __aiter__(self) -> AsyncIterator[Any]:
         if on_owner_thread(self._opts.ownership):
             return _iterate_on_owner(self)
         return RemoteStream(Channel(_iterate_on_owner, (self,), {}, self._what, self._opts))
 
-    def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    def _call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], route: Callable[..., Any] = route_call
+    ) -> Any:
         opts = self._opts
         if on_owner_thread(opts.ownership):
             return fn(self, *args)
-        return route_call(opts, get_running_loop(), fn, (self, *args), {}, self._what)
+        return route(opts, get_running_loop(), fn, (self, *args), {}, self._what)
 
     # -- blocking faces (plain threads; see Blocking) ----------------------------
     def _blocking(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:

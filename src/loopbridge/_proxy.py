@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar, cast
 
 from ._affinity import _Policy, original
-from ._calls import Call, call_from_thread, route_call
+from ._calls import Call, call_from_thread, route_call, route_exit
 from ._codegen import build
 from ._construction import NoPublicConstructor
 from ._errors import LoopAffinityError
@@ -96,7 +96,7 @@ def _async_member(name: str, fn: Callable[..., Any], generic: bool = False) -> C
         __lb_fn=fn,
         __lb_ident=threading.get_ident,
         __lb_grl=get_running_loop,
-        __lb_route=route_call,
+        __lb_route=route_exit if name == "__aexit__" else route_call,
         __lb_what=f"{fn.__qualname__}()",
     )
     return _describe(member, name, fn, MemberKind.ASYNC)

@@ -183,3 +183,55 @@ def test_drift_guard_no_special_method_is_inherited_silently(owner: lb.LoopThrea
                 assert kind is not None, "a sync __await__ does not marshal awaiting"
             else:
                 assert type(member).__name__ == "_Refused", f"sync {name} is not refused"
+
+
+@lb.loop_affine
+class Lease:
+    """An async context manager whose exit cleans up across an await, shielded
+    as asyncpg's pool release is."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.shield(self._release())
+
+    async def _release(self) -> None:
+        await asyncio.sleep(0)  # a round trip to the server, say
+        self.released.set()
+
+
+@pytest.mark.parametrize("runtime", ["trio", "anyio-asyncio"])
+def test_an_exit_in_a_cancelled_scope_still_runs_to_completion(
+    owner: lb.LoopThread, runtime: str
+) -> None:
+    """A cancel scope cancels every await, the proxied __aexit__'s included; the
+    exit must still run on the owner, as it would natively."""
+    anyio = pytest.importorskip("anyio")
+    if runtime == "trio":
+        pytest.importorskip("trio")
+    lease = _on(owner, Lease)
+    p = lb.proxy(lease)
+
+    async def main() -> None:
+        with anyio.CancelScope() as scope:
+            async with p:
+                scope.cancel()  # cancelled inside the body: the exit runs cancelled
+                await anyio.sleep(1)  # a checkpoint: the cancel lands here
+        assert scope.cancelled_caught
+
+    anyio.run(main, backend="trio" if runtime == "trio" else "asyncio")
+    if runtime == "trio":
+        # trio's wait for the exit is shielded: it finished before the cancel went on.
+        assert lease.released.is_set()
+
+    # Whatever the caller did, the exit ran on the owner, its cleanup included
+    # (under anyio on asyncio the caller stops waiting at the scope's next
+    # cancel, as it would natively around a shielded cleanup).
+    async def released() -> None:
+        await asyncio.wait_for(lease.released.wait(), 30)  # a hang guard
+
+    owner.run(released)

@@ -96,27 +96,14 @@ def run_caller(kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
 CANCELS = (("task", "asyncio"), ("task", "uvloop"), ("scope", "asyncio"), ("scope", "uvloop"))
 CANCELS += (("scope", "trio"),)
 
-# Cleanup that a returned async context manager's __aexit__ runs on the owner is
-# lost when the caller's scope is already cancelled: the proxied __aexit__ call is
-# cancelled before it starts, while natively __aexit__ starts and its shielded
-# cleanup (asyncpg's pool release, redis-py's pub/sub close) completes.
-EXIT_UNDER_SCOPE = (
-    "known core bug: a proxied __aexit__ awaited in a cancelled scope never starts on the owner"
-)
 
-
-def cancel_params(exits_under_scope: bool) -> list[Any]:
-    """CANCELS as pytest params. With ``exits_under_scope`` (the operation leaves an
-    ``async with`` of a returned object when cancelled), the "scope" style is an
-    expected failure until the core bug above is fixed; not strict, because whether
-    the exit is cancelled before it starts on the owner depends on timing."""
-    out = []
-    for style, kind in CANCELS:
-        marks = []
-        if style == "scope" and exits_under_scope:
-            marks.append(pytest.mark.xfail(reason=EXIT_UNDER_SCOPE, strict=False))
-        out.append(pytest.param(style, kind, id=f"{style}-{kind}", marks=marks))
-    return out
+# Cleanup that a returned async context manager's __aexit__ runs on the owner
+# (asyncpg's pool release, redis-py's pub/sub close) must survive a cancelled
+# scope: natively __aexit__ starts and its shielded cleanup completes, and the
+# proxy runs an exit to completion on the owner whatever the caller's cancel.
+def cancel_params() -> list[Any]:
+    """CANCELS as pytest params."""
+    return [pytest.param(style, kind, id=f"{style}-{kind}") for style, kind in CANCELS]
 
 
 def cancelled_midway(

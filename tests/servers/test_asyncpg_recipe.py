@@ -150,7 +150,7 @@ def test_pool_from_other_loops(owner: LoopThread, pool: Any, pg: Postgres, calle
     _close_and_check(pool, pg)
 
 
-@pytest.mark.parametrize(("style", "caller"), cancel_params(exits_under_scope=True))
+@pytest.mark.parametrize(("style", "caller"), cancel_params())
 def test_cancelling_a_query_from_another_loop(
     pool: Any, pg: Postgres, style: str, caller: str
 ) -> None:

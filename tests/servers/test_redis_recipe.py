@@ -151,7 +151,7 @@ def test_client_and_pubsub_from_other_loops(client: Any, redis_server: Redis, ca
     _close_and_check(client, redis_server)
 
 
-@pytest.mark.parametrize(("style", "caller"), cancel_params(exits_under_scope=False))
+@pytest.mark.parametrize(("style", "caller"), cancel_params())
 def test_cancelling_a_blocked_command(
     client: Any, redis_server: Redis, style: str, caller: str
 ) -> None:
@@ -171,7 +171,7 @@ def test_cancelling_a_blocked_command(
     _close_and_check(client, redis_server)
 
 
-@pytest.mark.parametrize(("style", "caller"), cancel_params(exits_under_scope=True))
+@pytest.mark.parametrize(("style", "caller"), cancel_params())
 def test_cancelling_a_pubsub_stream(
     client: Any, redis_server: Redis, style: str, caller: str
 ) -> None:

@@ -179,7 +179,7 @@ def test_pooled_engine_from_other_loops(
     _dispose_and_check(engine, pg)
 
 
-@pytest.mark.parametrize(("style", "caller"), cancel_params(exits_under_scope=False))
+@pytest.mark.parametrize(("style", "caller"), cancel_params())
 def test_cancelling_a_statement_from_another_loop(
     pooled: tuple[AsyncEngine, list[int]], pg: Postgres, style: str, caller: str
 ) -> None:
