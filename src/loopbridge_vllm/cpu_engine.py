@@ -241,6 +241,9 @@ _DEFAULTS: dict[str, Any] = {
     "distributed_executor_backend": STANDIN_BACKEND,
     "disable_log_stats": True,
     "served_model_name": ["tiny"],
+    # The stand-in worker's weights take vLLM's native weight-transfer API
+    # through the in-request backend (loopbridge_vllm.weight_transfer).
+    "weight_transfer_config": {"backend": "loopbridge_inline"},
 }
 
 
@@ -248,7 +251,9 @@ def engine_args(model_dir: str | os.PathLike[str], **overrides: Any) -> AsyncEng
     """``AsyncEngineArgs`` for the tiny model on the stand-in executor.
 
     Keyword arguments override the defaults (float32, eager, 512-token context,
-    64 concurrent sequences, stand-in executor, served name ``tiny``).
+    64 concurrent sequences, stand-in executor, served name ``tiny``, and the
+    ``loopbridge_inline`` weight-transfer backend, see
+    :mod:`loopbridge_vllm.weight_transfer`).
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
 
