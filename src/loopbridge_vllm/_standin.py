@@ -63,6 +63,11 @@ class StandInModel(torch.nn.Module):
     @staticmethod
     def table_for(base: int, vocab_size: int) -> torch.Tensor:
         """Weights that emit ``base, base + 1, ...`` (cycling every 20 tokens)."""
+        if not 0 <= base <= vocab_size - _TOKEN_CYCLE:
+            raise ValueError(
+                f"token base must be in [0, {vocab_size - _TOKEN_CYCLE}] for a vocabulary "
+                f"of {vocab_size}, got {base}"
+            )
         table = torch.zeros(_TOKEN_CYCLE, vocab_size)
         for row in range(_TOKEN_CYCLE):
             table[row, base + row] = 1.0

@@ -42,6 +42,7 @@ __all__ = [
     "cpu_engine_env",
     "engine_args",
     "make_async_llm",
+    "standin_weights",
 ]
 
 #: The value for ``distributed_executor_backend`` that selects the stand-in.
@@ -154,6 +155,19 @@ def _write_tiny_model(out: Path, head_dim: int = 16) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(out, safe_serialization=True)
+
+
+def standin_weights(model_dir: str | os.PathLike[str], base: int) -> dict[str, Any]:
+    """New weights for the stand-in worker: it then emits ``base, base + 1, ...``.
+
+    The ``{name: tensor}`` mapping a trainer sends through vLLM's native
+    weight-transfer API (see :func:`loopbridge_vllm.weight_transfer.inline_update`);
+    ``model_dir`` is the served model (its vocabulary sizes the tensor).
+    """
+    from loopbridge_vllm._standin import StandInModel
+
+    vocab = int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+    return {"token_table": StandInModel.table_for(base, vocab)}
 
 
 def _source_root() -> str:
