@@ -5,6 +5,7 @@ loopbridge from this tree), unless the line just above the fence is a marker::
 
     <!-- snippet: typecheck because REASON; given: NAME, NAME -->
     <!-- snippet: skip because REASON -->
+    <!-- snippet: from examples/FILE.py because REASON -->
 
 ``typecheck`` is for snippets that cannot run here: they need vLLM's engine, or
 show calls from several loops and threads in one listing.  The block becomes
@@ -12,7 +13,10 @@ the body of an ``async def`` (so ``await`` and ``async for`` may appear at the
 top level), whose parameters are the ``given`` names, typed ``Any``: the objects
 the prose says you already have.  mypy then checks every loopbridge name and
 signature the snippet uses.  ``skip`` is for blocks that are not code to check
-(a sample of interactive output).  The reason is mandatory: a reader of the
+(a sample of interactive output).  ``from`` is for a block that is a piece of
+an example file: it must be that file's lines, verbatim, and a test must
+import the example (the recipes in docs/integrations.md are run that way, by
+the tests of the vLLM lane).  The reason is mandatory: a reader of the
 Markdown source sees why a block is not run.
 """
 
@@ -36,8 +40,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 _FENCE = re.compile(r"^```python\s*$")
 _MARKER = re.compile(
-    r"^<!-- snippet: (?P<kind>typecheck|skip) because (?P<reason>[^;]+?)"
-    r"(?:; given: (?P<given>[\w, ]+))? -->$"
+    r"^<!-- snippet: (?P<kind>typecheck|skip|from) (?:(?P<source>examples/[\w.]+\.py) )?"
+    r"because (?P<reason>[^;]+?)(?:; given: (?P<given>[\w, ]+))? -->$"
 )
 
 
@@ -45,9 +49,10 @@ _MARKER = re.compile(
 class Snippet:
     path: Path
     line: int
-    kind: str  # "run", "typecheck" or "skip"
+    kind: str  # "run", "typecheck", "skip" or "from"
     code: str
     given: tuple[str, ...]
+    source: str | None = None  # for "from": the example file, relative to the root
 
     @property
     def id(self) -> str:
@@ -78,6 +83,7 @@ def snippets() -> list[Snippet]:
                         marker.group("kind") if marker else "run",
                         "\n".join(lines[i + 1 : end]) + "\n",
                         tuple(n.strip() for n in given.split(",")) if given else (),
+                        marker.group("source") if marker else None,
                     )
                 )
                 i = end
@@ -159,8 +165,22 @@ def test_typecheck_snippets_pass_mypy(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("snippet", [s for s in ALL if s.kind == "from"], ids=lambda s: s.id)
+def test_example_snippets_are_the_tested_code(snippet: Snippet) -> None:
+    assert snippet.source is not None, f"{snippet.id}: 'from' needs an examples/ file"
+    example = ROOT / snippet.source
+    assert ("\n" + snippet.code) in ("\n" + example.read_text()), (
+        f"{snippet.id} is not verbatim lines of {snippet.source}"
+    )
+    module = f'"{example.stem}"'  # imported by name, as the example tests do
+    assert any(module in t.read_text() for t in (ROOT / "tests").rglob("*.py")), (
+        f"no test imports {snippet.source}"
+    )
+
+
 def test_every_block_is_accounted_for() -> None:
     kinds = {s.kind for s in ALL}
     assert "run" in kinds and "typecheck" in kinds
     for s in ALL:
         assert s.code.strip(), f"{s.id}: empty block"
+        assert (s.kind == "from") == (s.source is not None), f"{s.id}: source only with 'from'"
