@@ -7,7 +7,9 @@ trainer (this test, through Ray calls on the actor's loop) runs refit cycles
 with vLLM's native API: ``pause_generation(mode)``, ``start_weight_update``,
 ``update_weights`` (the ``loopbridge_inline`` backend), ``finish_weight_update
 (weight_version=...)``, ``resume_generation``. Every cycle has ``STREAMS``
-streams open when the pause is issued, and ``DURING`` more sent while paused.
+streams open when the pause is issued (they are sent during a short ``keep``
+pause first, so that they start in one batch however loaded the machine is),
+and ``DURING`` more sent while paused.
 
 Each request must end the way vLLM documents for the mode:
 
@@ -107,11 +109,20 @@ async def refit_cycle(
     from loopbridge_vllm.cpu_engine import standin_weights
     from loopbridge_vllm.weight_transfer import inline_update
 
+    # The streams start together whatever the load: sent during a keep pause,
+    # they queue, and the resume schedules them in one batch.
+    await worker.pause.remote("keep")
     streams = [Stream() for _ in range(STREAMS)]
     tasks = [
         asyncio.create_task(stream_one(client, f"{mode} {cycle} {i}", MAX_TOKENS, s))
         for i, s in enumerate(streams)
     ]
+
+    async def all_queued() -> bool:
+        return int(await worker.unfinished_requests.remote()) == STREAMS
+
+    await until(all_queued, f"{mode} cycle {cycle}: the streams never reached the engine")
+    await worker.resume.remote()
     await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in streams)), 60)
     open_at_pause = sum(not s.done.is_set() for s in streams)
     await worker.pause.remote(mode)

@@ -78,13 +78,24 @@ def test_the_recipe_survives_new_loops_and_a_trainer_thread(recipe: Any, tiny_mo
         thread.start()
 
         async def long_batch() -> list[list[int]]:
-            task = asyncio.ensure_future(worker._generate(["x"] * 4, 30))
-            while True:  # until the batch is in the engine
-                if worker.engine.get_num_unfinished_requests() >= 4 or task.done():
-                    break
-                await asyncio.sleep(0.005)  # the poll interval of a condition
+            # The recipe's engine, 4 requests; the trainer starts once each has
+            # a token (so each is running in the engine, not just sent).
+            from vllm import SamplingParams
+
+            params = SamplingParams(max_tokens=30, ignore_eos=True)
+            running = [asyncio.Event() for _ in range(4)]
+
+            async def one(i: int) -> list[int]:
+                final: Any = None
+                async for out in worker.engine.generate("x", params, f"long-{i}"):
+                    running[i].set()
+                    final = out
+                return list(final.outputs[0].token_ids)
+
+            tasks = [asyncio.ensure_future(one(i)) for i in range(4)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in running)), 30)
             started.set()
-            return await task
+            return list(await asyncio.gather(*tasks))
 
         long = asyncio.run(long_batch())
         thread.join(60)
