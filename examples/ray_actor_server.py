@@ -10,8 +10,12 @@ Run it on CPU (real vLLM, stand-in forward pass)::
 
     python examples/ray_actor_server.py
 
-On a GPU machine, build the engine from your own ``AsyncEngineArgs`` instead
-of ``cpu_engine.engine_args``.
+The trainer's side is vLLM's native weight-transfer API (``pause``,
+``push_weights``, ``resume``), called on the actor's loop. On CPU the engine
+uses loopbridge's ``loopbridge_inline`` backend, which carries the tensors in
+the update request. On a GPU machine, build the engine from your own
+``AsyncEngineArgs`` (with ``weight_transfer_config={"backend": "nccl"}`` and
+NCCL's ``init_info``) instead of ``cpu_engine.engine_args``.
 """
 
 from __future__ import annotations
@@ -56,16 +60,37 @@ class GenerationWorker:
         assert final is not None
         return list(final.outputs[0].token_ids)
 
-    async def update_weights(self, token_base: int) -> list[int]:
-        """Pause, update (collective_rpc) and resume, on the owner loop."""
-        await self.llm.pause_generation(mode="keep")
+    # -- the trainer's side: vLLM's native RL API, on the owner loop ------------
+    async def init_weight_transfer(self) -> None:
+        """Once, before the first update: connect the workers' transfer backend."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={}))
+
+    async def pause(self, mode: str) -> None:
+        """``keep`` freezes requests in flight, ``abort`` ends them, ``wait`` lets
+        them finish; new requests queue (keep) or are refused (abort, wait)."""
+        await self.llm.pause_generation(mode=mode)
+
+    async def push_weights(self, update_info: dict[str, Any], version: str) -> str:
+        """One weight transfer; the engine is paused. Returns the new version."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self.llm.start_weight_update()
+        await self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+        await self.llm.finish_weight_update(weight_version=version)
+        return str(await self.llm.get_weight_version())
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+
+    async def refit(self, mode: str, update_info: dict[str, Any], version: str) -> str:
+        """Pause, transfer and resume in one call."""
+        await self.pause(mode)
         try:
-            old: list[int] = await self.llm.collective_rpc(
-                "standin_set_token_base", args=(token_base,)
-            )
+            return await self.push_weights(update_info, version)
         finally:
-            await self.llm.resume_generation()
-        return old
+            await self.resume()
 
     async def unfinished_requests(self) -> int:
         return int(self.llm.get_num_unfinished_requests())
@@ -86,7 +111,8 @@ class GenerationWorker:
 def main() -> None:
     import httpx
 
-    from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
+    from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env, standin_weights
+    from loopbridge_vllm.weight_transfer import inline_update
 
     env = cpu_engine_env()
     model = str(build_tiny_model(os.path.join(tempfile.gettempdir(), "loopbridge-tiny-model")))
@@ -102,7 +128,10 @@ def main() -> None:
         ).json()
         print("HTTP completion:", reply["choices"][0]["text"])
         print("rollout on the actor loop:", ray.get(worker.generate_tokens.remote("hi", 4)))
-        print("weight update, old token base:", ray.get(worker.update_weights.remote(50)))
+        # The trainer: new weights for the stand-in (its tokens are their arg-max).
+        ray.get(worker.init_weight_transfer.remote())
+        update = inline_update(standin_weights(model, 50)).update_info
+        print("weight version:", ray.get(worker.refit.remote("keep", update, "step-1")))
         print("after update:", ray.get(worker.generate_tokens.remote("hi", 4)))
         print("shutdown:", ray.get(worker.shutdown.remote()))
     finally:

@@ -5,6 +5,20 @@ goes through ``collective_rpc`` to :class:`_StandInWorker`, which answers the
 KV-cache, memory and warm-up questions with small constants and produces one
 deterministic token per decode step. Everything around it (EngineCore,
 scheduler, KV-cache manager, detokenizer) is the real vLLM code.
+
+The tokens come from the worker's weights: :class:`StandInModel` holds one
+parameter, ``token_table`` (``[20, vocab]``), and the ``g``-th token a request
+generates is the arg-max of row ``g % 20``. The weights change only through
+the model's ``load_weights`` (vLLM's native weight-transfer API, with the
+:mod:`loopbridge_vllm.weight_transfer` backend, the test shortcut
+``standin_set_token_base``, or sleep level 2), so a weight update is
+observable in what the engine generates.
+
+The weight-transfer lifecycle follows vLLM's GPU worker: without
+``weight_transfer_config`` every call raises; ``start_weight_update`` twice,
+``update_weights`` or ``finish_weight_update`` without a start, and
+``shutdown_weight_transfer_engine`` during an update raise; a failed
+``update_weights`` ends the update.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from loopbridge_vllm._vllm_releases.changed_signatures import WorkerCalls
+from loopbridge_vllm.weight_transfer import register_inline_backend
 
 _T = TypeVar("_T")
 
@@ -33,6 +48,48 @@ _KV_MEMORY_BYTES = 64 * 1024 * 1024
 # token, so requests always run to ``max_tokens``.
 _FIRST_TOKEN = 10
 _TOKEN_CYCLE = 20
+
+
+class StandInModel(torch.nn.Module):
+    """The stand-in's weights: which token each generated position emits."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.token_table = torch.nn.Parameter(torch.zeros(_TOKEN_CYCLE, vocab_size))
+        self.tokens: list[int] = []
+        self.set_token_base(_FIRST_TOKEN)
+
+    @staticmethod
+    def table_for(base: int, vocab_size: int) -> torch.Tensor:
+        """Weights that emit ``base, base + 1, ...`` (cycling every 20 tokens)."""
+        if not 0 <= base <= vocab_size - _TOKEN_CYCLE:
+            raise ValueError(
+                f"token base must be in [0, {vocab_size - _TOKEN_CYCLE}] for a vocabulary "
+                f"of {vocab_size}, got {base}"
+            )
+        table = torch.zeros(_TOKEN_CYCLE, vocab_size)
+        for row in range(_TOKEN_CYCLE):
+            table[row, base + row] = 1.0
+        return table
+
+    def set_token_base(self, base: int) -> None:
+        self.load_weights([("token_table", self.table_for(base, self.vocab_size))])
+
+    def load_weights(self, weights: Any) -> set[str]:
+        """Copy ``(name, tensor)`` pairs into the parameters (vLLM's model API)."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        with torch.no_grad():
+            for name, tensor in weights:
+                params[name].copy_(tensor)
+                loaded.add(name)
+        # What the forward pass reads: one arg-max per row, taken once per load.
+        self.tokens = [int(i) for i in self.token_table.argmax(dim=1).tolist()]
+        return loaded
+
+    def token(self, position: int) -> int:
+        return self.tokens[position % _TOKEN_CYCLE]
 
 
 @dataclass
@@ -53,7 +110,20 @@ class _StandInWorker(WorkerCalls):
             self.step_s = float(raw)
         except ValueError:
             raise ValueError(f"{STEP_ENV} must be a number of seconds, got {raw!r}") from None
-        self.token_base = _FIRST_TOKEN
+        hf = getattr(getattr(executor, "model_config", None), "hf_config", None)
+        vocab = int(getattr(hf, "vocab_size", 0) or 256)
+        self.model = StandInModel(vocab)
+        config = getattr(executor, "vllm_config", None)
+        transfer = getattr(config, "weight_transfer_config", None)
+        self.weight_transfer_engine: Any = None
+        self._weight_update_active = False
+        if config is not None and transfer is not None:
+            from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+            register_inline_backend()
+            self.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
+                transfer, config, torch.device("cpu"), self.model
+            )
         self.steps = 0
         #: The sleep level while any memory sleeps, None while awake.
         self.asleep: int | None = None
@@ -127,7 +197,7 @@ class _StandInWorker(WorkerCalls):
                 done = before.get(req_id, 0) + count
                 # The prompt plus every emitted token is computed: sample one.
                 if done >= state.prompt_len + state.generated:
-                    tokens.append(self.token_base + state.generated % _TOKEN_CYCLE)
+                    tokens.append(self.model.token(state.generated))
                     state.generated += 1
             req_ids.append(req_id)
             sampled.append(tokens)
@@ -151,14 +221,26 @@ class _StandInWorker(WorkerCalls):
 
     # -- stand-ins for weight updates (observable from requests) ----------------
     def standin_set_token_base(self, base: int) -> int:
-        """Change the emitted token ids, as a weight update changes outputs."""
-        if not 3 <= base <= 200:
-            raise ValueError(f"token base must be in [3, 200], got {base}")
-        old, self.token_base = self.token_base, base
+        """Load weights that emit ``base, base + 1, ...``; returns the old first token.
+
+        A shortcut around the weight-transfer API, for tests.
+        """
+        if not 3 <= base <= 200 or base + _TOKEN_CYCLE > self.model.vocab_size:
+            raise ValueError(
+                f"token base must be in [3, 200] and leave {_TOKEN_CYCLE} tokens below the "
+                f"vocabulary size {self.model.vocab_size}, got {base}"
+            )
+        old = self.model.token(0)
+        self.model.set_token_base(base)
         return old
 
     def standin_get_token_base(self) -> int:
-        return self.token_base
+        """The first token the current weights emit."""
+        return self.model.token(0)
+
+    def standin_tokens(self) -> list[int]:
+        """The tokens the current weights emit at positions 0 to 19."""
+        return list(self.model.tokens)
 
     def standin_steps(self) -> int:
         return self.steps
@@ -187,7 +269,7 @@ class _StandInWorker(WorkerCalls):
         self.asleep = level
         self._sleeping_tags = set(SLEEP_TAGS)
         if level == 2:
-            self.token_base = _FIRST_TOKEN
+            self.model.set_token_base(_FIRST_TOKEN)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         # ``tags`` None wakes everything; a partial wake leaves the rest asleep.
@@ -199,12 +281,67 @@ class _StandInWorker(WorkerCalls):
     def _noop(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    check_health = shutdown = discard = _noop
+    check_health = discard = _noop
     reset_mm_cache = reset_encoder_cache = profile = _noop
     execute_dummy_batch = synchronize_device = _noop
-    # The RL weight-transfer lifecycle (no weights to move here).
-    start_weight_update = start_draft_weight_update = finish_weight_update = _noop
-    shutdown_weight_transfer_engine = _noop
+
+    def shutdown(self) -> None:
+        if self.weight_transfer_engine is not None:
+            self.weight_transfer_engine.shutdown()
+
+    # -- the native weight-transfer API (the worker side) ----------------------
+    def _transfer_engine(self) -> Any:
+        if self.weight_transfer_engine is None:
+            raise RuntimeError(
+                "Weight transfer not configured: build the engine with "
+                "weight_transfer_config={'backend': ...} to enable weight transfer."
+            )
+        return self.weight_transfer_engine
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        engine = self._transfer_engine()
+        engine.init_transfer_engine(engine.parse_init_info(init_info))
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        if self._weight_update_active:
+            raise RuntimeError("Cannot release a trainer connection during a weight update")
+        if self.weight_transfer_engine is not None:
+            self.weight_transfer_engine.shutdown()
+
+    def start_weight_update(self) -> None:
+        engine = self._transfer_engine()
+        if self._weight_update_active:
+            raise RuntimeError(
+                "start_weight_update called while a weight update is already active. "
+                "Call finish_weight_update first."
+            )
+        engine.start_weight_update()
+        self._weight_update_active = True
+
+    def start_draft_weight_update(self) -> None:
+        self._transfer_engine()
+        raise RuntimeError("the stand-in worker has no draft model to update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        engine = self._transfer_engine()
+        if not self._weight_update_active:
+            raise RuntimeError("start_weight_update must be called before update_weights.")
+        # A list is indexed by global worker rank; the stand-in is rank 0 of one.
+        local = update_info[0] if isinstance(update_info, list) else update_info
+        try:
+            engine.update_weights(local)
+        except BaseException:
+            self._weight_update_active = False
+            raise
+
+    def finish_weight_update(self) -> None:
+        engine = self._transfer_engine()
+        if not self._weight_update_active:
+            raise RuntimeError(
+                "finish_weight_update called without a matching start_weight_update."
+            )
+        engine.finish_weight_update()
+        self._weight_update_active = False
 
 
 class StandInExecutor(Executor):
@@ -268,4 +405,4 @@ class StandInExecutor(Executor):
         return None
 
     def shutdown(self) -> None:
-        return None
+        self.worker.shutdown()

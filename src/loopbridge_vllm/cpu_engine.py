@@ -42,6 +42,7 @@ __all__ = [
     "cpu_engine_env",
     "engine_args",
     "make_async_llm",
+    "standin_weights",
 ]
 
 #: The value for ``distributed_executor_backend`` that selects the stand-in.
@@ -156,6 +157,19 @@ def _write_tiny_model(out: Path, head_dim: int = 16) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
+def standin_weights(model_dir: str | os.PathLike[str], base: int) -> dict[str, Any]:
+    """New weights for the stand-in worker: it then emits ``base, base + 1, ...``.
+
+    The ``{name: tensor}`` mapping a trainer sends through vLLM's native
+    weight-transfer API (see :func:`loopbridge_vllm.weight_transfer.inline_update`);
+    ``model_dir`` is the served model (its vocabulary sizes the tensor).
+    """
+    from loopbridge_vllm._standin import StandInModel
+
+    vocab = int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
+    return {"token_table": StandInModel.table_for(base, vocab)}
+
+
 def _source_root() -> str:
     # The directory that holds the ``loopbridge_vllm`` package.
     return str(Path(__file__).resolve().parent.parent)
@@ -241,6 +255,9 @@ _DEFAULTS: dict[str, Any] = {
     "distributed_executor_backend": STANDIN_BACKEND,
     "disable_log_stats": True,
     "served_model_name": ["tiny"],
+    # The stand-in worker's weights take vLLM's native weight-transfer API
+    # through the in-request backend (loopbridge_vllm.weight_transfer).
+    "weight_transfer_config": {"backend": "loopbridge_inline"},
 }
 
 
@@ -248,7 +265,9 @@ def engine_args(model_dir: str | os.PathLike[str], **overrides: Any) -> AsyncEng
     """``AsyncEngineArgs`` for the tiny model on the stand-in executor.
 
     Keyword arguments override the defaults (float32, eager, 512-token context,
-    64 concurrent sequences, stand-in executor, served name ``tiny``).
+    64 concurrent sequences, stand-in executor, served name ``tiny``, and the
+    ``loopbridge_inline`` weight-transfer backend, see
+    :mod:`loopbridge_vllm.weight_transfer`).
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
 

@@ -49,6 +49,7 @@ from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai
 
 from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from ._exporter import export_metrics
+from ._weight_version import WeightVersionTags
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -271,8 +272,10 @@ class OpenAIServer:
         sock: socket.socket | None = None,
         routers: Sequence[APIRouter] = (),
         middleware: Sequence[Middleware] = (),
+        weight_version_tags: bool = False,
     ) -> None:
         self.client = client
+        self._weight_version_tags = weight_version_tags
         self._routers = tuple(routers)
         self._middleware = tuple(middleware)
         self.args = args if args is not None else serve_args(client)
@@ -463,6 +466,8 @@ class OpenAIServer:
         if self._metrics:
             await self._export_metrics()
         served: Any = app
+        if self._weight_version_tags:
+            served = WeightVersionTags(served, client)
         # The caller's middleware wraps the whole app (vLLM's app has built its
         # middleware stack already), the first one outermost.
         for layer in reversed(self._middleware):
@@ -600,6 +605,7 @@ def start_openai_server(
     sock: socket.socket | None = None,
     routers: Sequence[APIRouter] = (),
     middleware: Sequence[Middleware] = (),
+    weight_version_tags: bool = False,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -630,6 +636,13 @@ def start_openai_server(
     served on the same thread: a route reaches the engine as
     ``request.app.state.engine_client``, the loop-safe proxy. A namespace (``args``, or ``serve_argv``) that contradicts
     the engine's own config raises :class:`ServeArgsMismatch`.
+
+    With ``weight_version_tags=True`` every completion and chat completion
+    says which weight versions served it (read from ``get_weight_version()``
+    at admission and at finish): headers ``x-weight-version-admitted``,
+    ``-finished`` and ``-mixed`` on a JSON reply; the admission header and a
+    last chunk with a ``weight_version`` field on a stream. See
+    :mod:`loopbridge_vllm._weight_version`.
     """
     settings = dict(locals())  # every parameter above, by name
     timeout = settings.pop("start_timeout")
@@ -653,6 +666,7 @@ async def astart_openai_server(
     sock: socket.socket | None = None,
     routers: Sequence[APIRouter] = (),
     middleware: Sequence[Middleware] = (),
+    weight_version_tags: bool = False,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.

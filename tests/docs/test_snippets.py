@@ -6,6 +6,7 @@ loopbridge from this tree), unless the line just above the fence is a marker::
     <!-- snippet: typecheck because REASON; given: NAME, NAME -->
     <!-- snippet: skip because REASON -->
     <!-- snippet: recipe because REASON; name: NAME -->
+    <!-- snippet: from examples/FILE.py because REASON -->
 
 ``typecheck`` is for snippets that cannot run here: they need vLLM's engine, or
 show calls from several loops and threads in one listing.  The block becomes
@@ -16,7 +17,10 @@ signature the snippet uses.  ``skip`` is for blocks that are not code to check
 (a sample of interactive output).  ``recipe`` is for the recipes' code
 (docs/recipes.md): ``tests/recipes`` loads the blocks of each name as a module
 and runs them against real servers, so a recipe is exactly what its tests
-execute.  The reason is mandatory: a reader of the Markdown source sees why a
+execute.  ``from`` is for a block that is a piece of an example file: it must
+be that file's lines, verbatim, and a test must import the example (the
+recipes in docs/integrations.md are run that way, by the tests of the vLLM
+lane).  The reason is mandatory: a reader of the Markdown source sees why a
 block is not run here.
 """
 
@@ -40,8 +44,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 _FENCE = re.compile(r"^```python\s*$")
 _MARKER = re.compile(
-    r"^<!-- snippet: (?P<kind>typecheck|skip|recipe) because (?P<reason>[^;]+?)"
-    r"(?:; given: (?P<given>[\w, ]+))?(?:; name: (?P<name>[\w-]+))? -->$"
+    r"^<!-- snippet: (?P<kind>typecheck|skip|recipe|from) (?:(?P<source>examples/[\w.]+\.py) )?"
+    r"because (?P<reason>[^;]+?)(?:; given: (?P<given>[\w, ]+))?(?:; name: (?P<name>[\w-]+))? -->$"
 )
 
 
@@ -49,10 +53,11 @@ _MARKER = re.compile(
 class Snippet:
     path: Path
     line: int
-    kind: str  # "run", "typecheck" or "skip"
+    kind: str  # "run", "typecheck", "skip" or "from"
     code: str
     given: tuple[str, ...]
     name: str | None = None  # a recipe's name
+    source: str | None = None  # for "from": the example file, relative to the root
 
     @property
     def id(self) -> str:
@@ -84,6 +89,7 @@ def snippets() -> list[Snippet]:
                         "\n".join(lines[i + 1 : end]) + "\n",
                         tuple(n.strip() for n in given.split(",")) if given else (),
                         marker.group("name") if marker else None,
+                        marker.group("source") if marker else None,
                     )
                 )
                 i = end
@@ -135,11 +141,12 @@ def test_typecheck_snippets_pass_mypy(tmp_path: Path) -> None:
     config = tmp_path / "mypy.ini"
     # The engines' own types are not what these snippets check, and analysing
     # them would take minutes: their modules are taken as Any, and the core's
-    # per-Python venvs, which have no engine, check the same snippets.
+    # per-Python venvs, which have no engine, check the same snippets. The same
+    # goes for the other libraries the RL recipes call (Ray, openai, torch).
     config.write_text(
         "[mypy]\nwarn_unused_ignores = True\n\n"
-        "[mypy-vllm.*]\nfollow_imports = skip\nignore_missing_imports = True\n\n"
-        "[mypy-sglang.*]\nfollow_imports = skip\nignore_missing_imports = True\n"
+        "[mypy-vllm.*,sglang.*,ray.*,openai.*,torch.*]\nfollow_imports = skip\n"
+        "ignore_missing_imports = True\n"
     )
     result = subprocess.run(
         [
@@ -164,6 +171,19 @@ def test_typecheck_snippets_pass_mypy(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("snippet", [s for s in ALL if s.kind == "from"], ids=lambda s: s.id)
+def test_example_snippets_are_the_tested_code(snippet: Snippet) -> None:
+    assert snippet.source is not None, f"{snippet.id}: 'from' needs an examples/ file"
+    example = ROOT / snippet.source
+    assert ("\n" + snippet.code) in ("\n" + example.read_text()), (
+        f"{snippet.id} is not verbatim lines of {snippet.source}"
+    )
+    module = f'"{example.stem}"'  # imported by name, as the example tests do
+    assert any(module in t.read_text() for t in (ROOT / "tests").rglob("*.py")), (
+        f"no test imports {snippet.source}"
+    )
+
+
 def test_every_block_is_accounted_for() -> None:
     kinds = {s.kind for s in ALL}
     assert "run" in kinds and "typecheck" in kinds
@@ -172,6 +192,7 @@ def test_every_block_is_accounted_for() -> None:
         assert (s.kind == "recipe") == (s.name is not None), (
             f"{s.id}: a recipe, and only one, has a name"
         )
+        assert (s.kind == "from") == (s.source is not None), f"{s.id}: source only with 'from'"
     # Every recipe is loaded by a test under tests/recipes or tests/servers (which runs it).
     tests = "\n".join(
         p.read_text()

@@ -208,7 +208,7 @@ class Driver:
             await self.pause_all(mode)
             during = [await self.send(r, 8) for r in (0, 1)]  # sent while paused
             await self.bounded(
-                f"collective_rpc c{cycle}", self.llm.collective_rpc("finish_weight_update")
+                f"collective_rpc c{cycle}", self.llm.collective_rpc("standin_tokens")
             )
             await self.bounded(f"resume c{cycle}", self.llm.resume_generation())
             after = [await self.send(r, 8) for r in (1, 0)]

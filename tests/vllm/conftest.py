@@ -7,12 +7,15 @@ an engine costs 7-15 s, so engines are session-scoped and shared.
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_engines import CACHE, start_engine, stop_engine
+from vllm_engines import CACHE, REPO, start_engine, stop_engine
 
 from loopbridge import LoopThread
 from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
@@ -57,3 +60,44 @@ def shared_server(engine_proxy: Any) -> Iterator[Any]:
     server = start_openai_server(engine_proxy)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def example() -> Iterator[Any]:
+    """``examples/ray_actor_server.py``, imported as Ray's workers import it."""
+    examples = str(REPO / "examples")
+    sys.path.insert(0, examples)
+    try:
+        yield importlib.import_module("ray_actor_server")
+    finally:
+        sys.path.remove(examples)
+
+
+#: What a local Ray cluster's workers need from this process's environment.
+_RAY_ENV_KEYS = (
+    "VLLM_TARGET_DEVICE",
+    "VLLM_NO_USAGE_STATS",
+    "DO_NOT_TRACK",
+    "HF_HUB_OFFLINE",
+    "VLLM_CACHE_ROOT",
+    "VLLM_RPC_BASE_PATH",
+    "TOKENIZERS_PARALLELISM",
+)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A local 2-CPU Ray cluster for one test module; its ``RAY_ENV`` dict adds
+    variables for the workers."""
+    ray = pytest.importorskip("ray")
+    env = {k: os.environ[k] for k in _RAY_ENV_KEYS if k in os.environ}
+    paths = [str(REPO / "examples"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.update(getattr(request.module, "RAY_ENV", {}))
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env}
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()

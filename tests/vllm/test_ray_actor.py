@@ -3,70 +3,29 @@
 Runs the example in ``examples/ray_actor_server.py`` on a local CPU Ray
 cluster: the engine is built in the actor's ``__init__``, its owner loop is
 recorded in ``post_init`` (the actor's loop), HTTP traffic from the driver and
-actor-loop work (rollouts, a weight update) run at the same time, and shutdown
+actor-loop work (rollouts, a native weight transfer) run at the same time, and shutdown
 stops the server before the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import os
 import socket
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_engines import REPO
 from vllm_load import run_load
 
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def example() -> Iterator[Any]:
-    examples = str(REPO / "examples")
-    sys.path.insert(0, examples)
-    try:
-        yield importlib.import_module("ray_actor_server")
-    finally:
-        sys.path.remove(examples)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    env = {
-        k: os.environ[k]
-        for k in (
-            "VLLM_TARGET_DEVICE",
-            "VLLM_NO_USAGE_STATS",
-            "DO_NOT_TRACK",
-            "HF_HUB_OFFLINE",
-            "VLLM_CACHE_ROOT",
-            "VLLM_RPC_BASE_PATH",
-            "TOKENIZERS_PARALLELISM",
-        )
-        if k in os.environ
-    }
-    paths = [str(REPO / "examples"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": env},
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def test_actor_owns_engine_and_serves_http(
     example: Any, ray_cluster: None, tiny_model: Path
 ) -> None:
+    from loopbridge_vllm.cpu_engine import standin_weights
+    from loopbridge_vllm.weight_transfer import inline_update
+
     worker = example.GenerationWorker.remote(str(tiny_model))
     url = ray.get(worker.post_init.remote(), timeout=180)
     assert url.startswith("http://127.0.0.1:")
@@ -78,7 +37,9 @@ def test_actor_owns_engine_and_serves_http(
     )
     assert load.failures == [] and load.ok == 64 - load.disconnected
     assert all(len(tokens) == 6 for tokens in ray.get(rollouts, timeout=60))
-    assert ray.get(worker.update_weights.remote(70), timeout=60) == [10]
+    ray.get(worker.init_weight_transfer.remote(), timeout=60)
+    update = inline_update(standin_weights(tiny_model, 70)).update_info
+    assert ray.get(worker.refit.remote("keep", update, "v70"), timeout=60) == "v70"
     assert ray.get(worker.generate_tokens.remote("after", 3), timeout=60) == [70, 71, 72]
     assert ray.get(worker.unfinished_requests.remote(), timeout=60) == 0
 

@@ -51,6 +51,9 @@ def _flag(key: str, value: Any) -> list[str]:
         return [name, *value]  # nargs="+" options such as --served-model-name
     if isinstance(value, (dict, list)):
         return [name, json.dumps(value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # A vLLM config object (e.g. --weight-transfer-config): its fields as JSON.
+        return [name, json.dumps(dataclasses.asdict(value))]
     return [name, str(value)]
 
 
