@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_engines import RAY_CALL_GUARD_S, RAY_START_GUARD_S
 from vllm_load import run_load
 
 ray = pytest.importorskip("ray")
@@ -27,7 +28,7 @@ def test_actor_owns_engine_and_serves_http(
     from loopbridge_vllm.weight_transfer import inline_update
 
     worker = example.GenerationWorker.remote(str(tiny_model))
-    url = ray.get(worker.post_init.remote(), timeout=180)
+    url = ray.get(worker.post_init.remote(), timeout=RAY_START_GUARD_S)
     assert url.startswith("http://127.0.0.1:")
 
     # HTTP from the driver while the actor loop runs rollouts and a weight update.
@@ -36,14 +37,18 @@ def test_actor_owns_engine_and_serves_http(
         run_load(url, 64, 8, stream_fraction=0.5, chat_fraction=0.5, disconnect_fraction=0.1)
     )
     assert load.failures == [] and load.ok == 64 - load.disconnected
-    assert all(len(tokens) == 6 for tokens in ray.get(rollouts, timeout=60))
-    ray.get(worker.init_weight_transfer.remote(), timeout=60)
+    assert all(len(tokens) == 6 for tokens in ray.get(rollouts, timeout=RAY_CALL_GUARD_S))
+    ray.get(worker.init_weight_transfer.remote(), timeout=RAY_CALL_GUARD_S)
     update = inline_update(standin_weights(tiny_model, 70)).update_info
-    assert ray.get(worker.refit.remote("keep", update, "v70"), timeout=60) == "v70"
-    assert ray.get(worker.generate_tokens.remote("after", 3), timeout=60) == [70, 71, 72]
-    assert ray.get(worker.unfinished_requests.remote(), timeout=60) == 0
+    assert ray.get(worker.refit.remote("keep", update, "v70"), timeout=RAY_CALL_GUARD_S) == "v70"
+    assert ray.get(worker.generate_tokens.remote("after", 3), timeout=RAY_CALL_GUARD_S) == [
+        70,
+        71,
+        72,
+    ]
+    assert ray.get(worker.unfinished_requests.remote(), timeout=RAY_CALL_GUARD_S) == 0
 
-    order = ray.get(worker.shutdown.remote(), timeout=60)
+    order = ray.get(worker.shutdown.remote(), timeout=RAY_CALL_GUARD_S)
     assert order == ["server stopped", "engine stopped"]
     port = int(url.rsplit(":", 1)[1])
     with pytest.raises(OSError):

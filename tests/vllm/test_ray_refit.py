@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_engines import RAY_CALL_GUARD_S, RAY_START_GUARD_S
 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
@@ -95,7 +96,7 @@ async def stream_one(client: Any, prompt: str, max_tokens: int, out: Stream) -> 
         out.done.set()
 
 
-async def until(check: Any, what: str, timeout: float = 30) -> None:
+async def until(check: Any, what: str, timeout: float = RAY_CALL_GUARD_S) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
         if time.monotonic() > deadline:
@@ -189,8 +190,8 @@ def check_in_flight(mode: str, s: Stream, old: int, new: int) -> None:
 
 def test_refit_cycles_under_http_streams(example: Any, ray_cluster: None, tiny_model: Path) -> None:
     worker = example.GenerationWorker.remote(str(tiny_model))
-    url = ray.get(worker.post_init.remote(), timeout=180)
-    ray.get(worker.init_weight_transfer.remote(), timeout=60)
+    url = ray.get(worker.post_init.remote(), timeout=RAY_START_GUARD_S)
+    ray.get(worker.init_weight_transfer.remote(), timeout=RAY_CALL_GUARD_S)
 
     async def main() -> list[tuple[str, int, int, int, dict[str, Any]]]:
         results = []
@@ -232,5 +233,5 @@ def test_refit_cycles_under_http_streams(example: Any, ray_cluster: None, tiny_m
         assert got["during_before_transfer"] == [0] * DURING, where
         assert got["version"] == f"{mode}-{cycle}", where
         assert got["probe"] == tokens(new, 0, 5), where
-    ray.get(worker.shutdown.remote(), timeout=60)
+    ray.get(worker.shutdown.remote(), timeout=RAY_CALL_GUARD_S)
     ray.kill(worker)

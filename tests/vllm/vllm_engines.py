@@ -20,6 +20,12 @@ from loopbridge import LoopThread
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
 
+# Hang guards for ray.get, not expectations: an actor that dies fails ray.get at
+# once.  On a loaded 2-core CI machine an engine's start inside an actor has
+# taken over 180 s, so the guards sit just under the lanes' 600 s per test.
+RAY_START_GUARD_S = 500
+RAY_CALL_GUARD_S = 300
+
 
 async def settled_counts(llm: Any) -> tuple[int, int]:
     """(front-end unfinished, EngineCore-side active) requests, polled on the
