@@ -23,7 +23,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("sglang", reason="the SGLang lane's venv (.venv-sglang) has SGLang")
+# Not "sglang": with tests/ on sys.path, this folder itself imports under that name.
+pytest.importorskip(
+    "sglang.srt.managers.tokenizer_manager",
+    reason="the SGLang lane's venv (.venv-sglang) has SGLang",
+)
 
 from sglang.srt.managers import tokenizer_manager as tm_module
 
