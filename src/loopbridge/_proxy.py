@@ -266,8 +266,10 @@ def _own(value: Any, rule: Owned | None, what: str, opts: Options) -> Any:
     With a rule: a proxy of ``value`` owned by the same loop, with the rule's
     declarations.  Without one: :func:`_checked`.
     """
-    if rule is None or type(value) in PLAIN or _is_proxy(value):
+    if rule is None:
         return _checked(value, what, opts)
+    if type(value) in PLAIN or _is_proxy(value):
+        return value
     ownership = ownership_of(value)
     if ownership is None:
         ownership = Ownership(

@@ -2,6 +2,9 @@
 
 * :mod:`loopbridge_adapters.surface` - an engine's member table, derived from the
   installed engine and classified by rules, failing closed on a member no rule covers.
+* :mod:`loopbridge_adapters.http` - the threaded servers' socket, loop and uvicorn pieces.
+* :mod:`loopbridge_adapters.owner` - naming the loop that will own an engine before it
+  starts.
 
 Built on the core's public API only; imports no engine and no adapter. Each adapter
 (``loopbridge_vllm``, ``loopbridge_sglang``) imports it; they never import each other.

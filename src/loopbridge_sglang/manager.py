@@ -45,7 +45,8 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from loopbridge import LoopAffinityError, adopt, is_proxy, owner_loop, proxy, transfer, unwrap
+from loopbridge import LoopAffinityError, adopt, is_proxy, owner_loop, proxy, transfer
+from loopbridge_adapters.owner import bind_before_start
 from loopbridge_adapters.surface import (
     Member,
     MemberTable,
@@ -444,23 +445,16 @@ def bind_owner_loop(manager: Any, loop: asyncio.AbstractEventLoop | None = None)
     one); ``handle_loop`` then starts there with the first request sent through a
     proxy, whoever sends it.
     """
-    manager = unwrap(manager)
-    target = loop
-    if target is None:
-        try:
-            target = asyncio.get_running_loop()
-        except RuntimeError:
-            raise LoopAffinityError(
-                "bind_owner_loop() needs a loop: pass one or call it on the owner loop"
-            ) from None
-    running = _handler_loop(manager)
-    if running is not None and running is not target:
-        raise LoopAffinityError(
+    bind_before_start(
+        manager,
+        loop,
+        handler_loop=_handler_loop,
+        adopt=adopt_manager,
+        started_elsewhere=(
             "the manager's handle_loop already runs on another loop; a TokenizerManager "
             "cannot change loops once it has started"
-        )
-    adopt_manager(manager)
-    transfer(manager, target)
+        ),
+    )
 
 
 # ------------------------------------------------------- the caller's request

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from loopbridge import LoopAffinityError, adopt, is_proxy, owner_loop, proxy, transfer, unwrap
+from loopbridge_adapters.owner import bind_before_start
 from loopbridge_adapters.surface import (
     Member,
     MemberTable,
@@ -302,23 +303,16 @@ def bind_owner_loop(engine: Any, loop: asyncio.AbstractEventLoop | None = None) 
     handler then starts on that loop with the first request, whoever sends it.
     Moving an engine whose output handler already runs elsewhere is refused.
     """
-    engine = unwrap(engine)
-    target = loop
-    if target is None:
-        try:
-            target = asyncio.get_running_loop()
-        except RuntimeError:
-            raise LoopAffinityError(
-                "bind_owner_loop() needs a loop: pass one or call it on the owner loop"
-            ) from None
-    running = _handler_loop(engine)
-    if running is not None and running is not target:
-        raise LoopAffinityError(
+    bind_before_start(
+        engine,
+        loop,
+        handler_loop=_handler_loop,
+        adopt=adopt_engine,
+        started_elsewhere=(
             "the engine's output handler already runs on another loop; an AsyncLLM "
             "cannot change loops once it has started"
-        )
-    adopt_engine(engine)
-    transfer(engine, target)
+        ),
+    )
 
 
 def engine_client_proxy(
