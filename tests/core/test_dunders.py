@@ -210,9 +210,9 @@ def test_an_exit_in_a_cancelled_scope_still_runs_to_completion(
 ) -> None:
     """A cancel scope cancels every await, the proxied __aexit__'s included; the
     exit must still run on the owner, as it would natively."""
-    anyio = pytest.importorskip("anyio")
+    anyio = pytest.importorskip("anyio", reason="anyio comes with the test group")
     if runtime == "trio":
-        pytest.importorskip("trio")
+        pytest.importorskip("trio", reason="the trio extra is not installed")
     lease = _on(owner, Lease)
     p = lb.proxy(lease)
 

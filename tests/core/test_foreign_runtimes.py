@@ -87,7 +87,7 @@ def test_uvloop_caller(asyncio_owner: lb.LoopThread) -> None:
 def test_owner_side_runs_as_asyncio_for_a_trio_caller(owner: lb.LoopThread) -> None:
     """The caller's context crosses, but not trio's sniffio marker: libraries that
     pick their backend with sniffio (httpx, anyio) must see asyncio on the owner."""
-    sniffio = pytest.importorskip("sniffio")
+    sniffio = pytest.importorskip("sniffio", reason="sniffio comes with anyio, in the test group")
 
     @lb.loop_affine
     class Which:
