@@ -37,10 +37,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import _interleave
 from ._diagnose import SubmissionSites, submission_site
 from ._labels import thread_name
 from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
-from ._ports import Port, get_running_loop
+from ._ports import _ABSENT, Port, get_running_loop
 
 if TYPE_CHECKING:
     from ._metrics import Counters, Metrics
@@ -256,9 +257,13 @@ class Operation:
         rather than split into two methods, as it runs once per operation.
         """
         if not latched:
+            # Port.leave inlined (the latch is the atomic dict.pop), as this runs
+            # once per operation; keep the two in step.
             owner = self.owner
-            if owner is None or not owner.leave(self):
+            if owner is None or owner.inflight.pop(self, _ABSENT) is _ABSENT:
                 return
+            if _interleave.hook is not None:
+                _interleave.hook("settle.latched")
         self.value = value
         self.t_end = _perf()
         self.outcome = outcome  # last: readers on other threads test it first

@@ -259,6 +259,7 @@ class Port:
 
         True for exactly one caller per registration (``dict.pop`` is atomic);
         that caller, and only it, records the operation's outcome.
+        :meth:`Operation.settle` inlines this body; keep the two in step.
         """
         if self.inflight.pop(op, _ABSENT) is _ABSENT:
             return False
