@@ -3,6 +3,8 @@
 * :mod:`loopbridge_adapters.surface` - an engine's member table, derived from the
   installed engine and classified by rules, failing closed on a member no rule covers.
 * :mod:`loopbridge_adapters.http` - the threaded servers' socket, loop and uvicorn pieces.
+* :mod:`loopbridge_adapters.threaded` - the threaded servers' lifecycle: ordered start,
+  bounded stop, the owner-loop watchdog; each adapter adds only its engine's part.
 * :mod:`loopbridge_adapters.owner` - naming the loop that will own an engine before it
   starts.
 

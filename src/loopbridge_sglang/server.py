@@ -29,31 +29,21 @@ server at a time serves it; a second :meth:`start` while one runs raises
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from loopbridge import LoopAffinityError, LoopThread, owner_loop, unwrap
-from loopbridge_adapters.http import (
-    ExitReason,
-    adopt_listener,
-    bind,
-    loop_factory,
-    thread_server_class,
-)
+from loopbridge import LoopAffinityError, owner_loop, unwrap
+from loopbridge_adapters.http import ExitReason, adopt_listener, bind
+from loopbridge_adapters.threaded import ThreadedServer
 
 from .manager import is_tokenizer_manager_proxy, tokenizer_manager_proxy
 
 __all__ = ["ExitReason", "SGLangServer", "ServerStartError", "start_sglang_server"]
 
 _log = logging.getLogger("loopbridge_sglang.server")
-
-# The owner loop must be seen stopped on this many checks in a row: a loop driven by
-# repeated run_until_complete() calls is briefly not running.
-_OWNER_STOPPED_TICKS = 2
 
 _serving_lock = threading.Lock()
 _serving: SGLangServer | None = None  # the one server SGLang's module-global app serves
@@ -137,8 +127,20 @@ def _skip_warmup(*args: Any, **kwargs: Any) -> bool:
     return False
 
 
-class SGLangServer:
+class SGLangServer(ThreadedServer):
     """A running server thread; see :func:`start_sglang_server`."""
+
+    _start_error = ServerStartError
+    _logger = _log
+    _kind = "SGLang server"
+    _start_on_owner = (
+        "start() on the manager's owner loop would wait for that same loop: "
+        "use `await server.astart()` there"
+    )
+    _stop_on_owner = (
+        "stop() on the manager's owner loop would block the loop that running "
+        "requests need to finish: use `await server.aclose()` there"
+    )
 
     def __init__(
         self,
@@ -166,144 +168,45 @@ class SGLangServer:
         if owner.is_closed():
             raise ServerStartError("the manager's owner loop is closed")
         self.manager = manager
-        self.grace = grace
         self._log_level = log_level
-        self._watchdog_interval = watchdog_interval
         self._template_manager = template_manager
         self._scheduler_info = scheduler_info
         self._health = _Health(manager, owner)
-        self._sock = bind(host, port) if sock is None else adopt_listener(sock)
+        super().__init__(
+            bind(host, port) if sock is None else adopt_listener(sock),
+            grace=grace,
+            watchdog_interval=watchdog_interval,
+            name=name,
+            use_uvloop=use_uvloop,
+        )
         bound = self._sock.getsockname()
         self.host = host if sock is None else str(bound[0])
         self.port = int(bound[1])
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{shown}:{self.port}"
-        self.exit_reason: ExitReason | None = None
-        self._server: Any = None
-        self._error: BaseException | None = None
-        self._ready = threading.Event()
-        self._stopped = False
-        self._lock = threading.Lock()
-        self._loop_thread = LoopThread(name, loop_factory=loop_factory(use_uvloop))
 
-    # -- lifecycle ----------------------------------------------------------------
-    def start(self, timeout: float = 60.0) -> SGLangServer:
-        """Start the thread; return once connections are served.
+    # -- the engine's part of the server thread -----------------------------------------
+    def _owner(self) -> asyncio.AbstractEventLoop:
+        return self._health.owner
 
-        Start-up needs the manager's owner loop, so on that loop use ``await astart()``.
-        """
-        if _on_loop(self._health.owner):
-            raise LoopAffinityError(
-                "start() on the manager's owner loop would wait for that same loop: "
-                "use `await server.astart()` there"
-            )
-        return self._started(self._launch(timeout), timeout)
-
-    async def astart(self, timeout: float = 60.0) -> SGLangServer:
-        """:meth:`start` for async callers; the calling loop keeps running meanwhile."""
-        return self._started(await asyncio.to_thread(self._launch, timeout), timeout)
-
-    def _launch(self, timeout: float) -> bool:
+    def _claim(self) -> None:
+        # SGLang's app is one per process: one server at a time serves it.
         global _serving
         with _serving_lock:
             if _serving is not None and _serving.running:
-                self._sock.close()
                 raise ServerStartError(
                     f"SGLang's app is already served by {_serving.url}: it is one per process "
                     "(http_server.set_global_state); stop that server first"
                 )
             _serving = self
-        self._loop_thread.start()
-        asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self._loop_thread.loop)
-        return self._ready.wait(timeout)
 
-    def _started(self, ready: bool, timeout: float) -> SGLangServer:
-        if not ready:
-            self._signal_exit()
-            self.thread.join(self.grace + 5.0)
-            self._sock.close()
-            raise ServerStartError(f"server did not start within {timeout} s")
-        if self._error is not None or not self.running:
-            self.thread.join(self.grace + 5.0)
-            self._sock.close()
-            raise ServerStartError(f"server thread failed to start: {self._error}") from self._error
-        return self
-
-    @property
-    def running(self) -> bool:
-        """True while the server thread serves requests."""
-        thread = self._loop_thread.thread
-        return (
-            thread is not None
-            and thread.is_alive()
-            and self._server is not None
-            and bool(self._server.started)
-            and not self._server.should_exit
-        )
-
-    @property
-    def thread(self) -> threading.Thread:
-        """The server's thread (a thread that never ran, before :meth:`start`)."""
-        return self._loop_thread.thread or threading.Thread(name=f"{self._loop_thread.name}")
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop the server: drain for ``grace`` s, then join the thread (bounded).
-
-        Raises :class:`TimeoutError` if the thread does not end. On the manager's owner
-        loop, use ``await aclose()``: draining requests need that loop.
-        """
-        thread = self._loop_thread.thread
-        if thread is not None and threading.current_thread() is thread:
-            raise RuntimeError("stop() called from the server's own thread")
-        if thread is not None and thread.is_alive() and _on_loop(self._health.owner):
-            raise LoopAffinityError(
-                "stop() on the manager's owner loop would block the loop that running "
-                "requests need to finish: use `await server.aclose()` there"
-            )
-        self._signal_exit()
-        if thread is not None:
-            limit = self.grace + 5.0 if timeout is None else timeout
-            thread.join(limit)
-            if thread.is_alive() and self._server is not None:
-                self._server.force_exit = True
-                thread.join(5.0)
-        self._sock.close()
-        if thread is not None and thread.is_alive():
-            raise TimeoutError(f"server thread {thread.name} did not stop")
-
-    async def aclose(self, timeout: float | None = None) -> None:
-        """:meth:`stop` for async callers (the owner loop stays free meanwhile)."""
-        await asyncio.to_thread(self.stop, timeout)
-
-    def __enter__(self) -> SGLangServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    # -- the server thread ---------------------------------------------------------
-    def _signal_exit(self) -> None:
-        with self._lock:
-            self._stopped = True
-            if self._server is not None:
-                self._server.should_exit = True
-
-    async def _serve_until_exit(self) -> None:
+    def _release(self) -> None:
         global _serving
-        try:
-            await self._main()
-        except BaseException as exc:  # reported through start() or the log
-            self._error = exc
-            if self._ready.is_set():
-                _log.exception("SGLang server thread failed")
-        finally:
-            with _serving_lock:
-                if _serving is self:
-                    _serving = None
-            self._ready.set()
-            asyncio.get_running_loop().stop()
+        with _serving_lock:
+            if _serving is self:
+                _serving = None
 
-    async def _main(self) -> None:
+    async def _build(self) -> Any:
         manager = self.manager
         owner = self._health.owner
         # The owner loop must answer before anything is served.
@@ -338,52 +241,10 @@ class SGLangServer:
             lifespan="on",
             timeout_graceful_shutdown=max(1, round(self.grace)),
         )
-        server = thread_server_class()(config)
-        server.on_started = self._ready.set
-        with self._lock:
-            if self._stopped:
-                return
-            self._server = server
-        serving = asyncio.create_task(server.serve(sockets=[self._sock]))
-        watchdog = asyncio.create_task(self._watchdog(server))
-        try:
-            await serving
-        finally:
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watchdog
+        return self._new_server(config)
 
-    async def _watchdog(self, server: Any) -> None:
-        owner = self._health.owner
-        stopped_ticks = 0
-        while True:
-            await asyncio.sleep(self._watchdog_interval)
-            # Owner first: a closing owner loop also ends handle_loop, and the cause,
-            # not the symptom, is the exit reason.
-            if owner.is_closed():
-                stopped_ticks = _OWNER_STOPPED_TICKS
-            elif not owner.is_running():
-                stopped_ticks += 1
-            else:
-                stopped_ticks = 0
-            if stopped_ticks >= _OWNER_STOPPED_TICKS:
-                self.exit_reason = ExitReason.OWNER_LOOP_STOPPED
-                _log.error("the manager's owner loop stopped; stopping the server at %s", self.url)
-                server.should_exit = True
-                return
-            ended = self._health.ended()
-            if ended is not None:
-                self.exit_reason = ended
-                _log.error("%s; stopping the server at %s", ended.value, self.url)
-                server.should_exit = True
-                return
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
+    def _engine_exit(self) -> ExitReason | None:
+        return self._health.ended()
 
 
 def start_sglang_server(

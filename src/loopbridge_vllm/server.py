@@ -33,18 +33,12 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from loopbridge import LoopAffinityError, LoopThread, owner_loop, unwrap
-from loopbridge_adapters.http import (
-    ExitReason,
-    adopt_listener,
-    bind,
-    bind_unix,
-    loop_factory,
-    thread_server_class,
-)
+from loopbridge import LoopAffinityError, owner_loop, unwrap
+from loopbridge_adapters.http import ExitReason, adopt_listener, bind, bind_unix, loop_factory
+from loopbridge_adapters.threaded import ThreadedServer
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
 from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
@@ -72,14 +66,6 @@ _log = logging.getLogger("loopbridge_vllm.server")
 
 class ServerStartError(RuntimeError):
     """The server thread failed before it accepted connections."""
-
-
-# The owner loop must be seen stopped on this many watchdog checks in a row: a
-# loop driven by repeated run_until_complete() calls is briefly not running.
-_OWNER_STOPPED_TICKS = 2
-
-# What OpenAIServer.thread is before start(): a thread that never runs.
-_NOT_STARTED = threading.Thread(name="loopbridge-openai-server (not started)")
 
 
 class _Shutdownable(Protocol):
@@ -248,11 +234,18 @@ def _uvicorn_config(app: Any, args: argparse.Namespace, log_level: str, grace: f
 
 
 _loop_factory = loop_factory
-_server_class = thread_server_class
 
 
-class OpenAIServer:
+class OpenAIServer(ThreadedServer):
     """A running server thread; see :func:`start_openai_server`."""
+
+    _start_error = ServerStartError
+    _logger = _log
+    _kind = "OpenAI server"
+    _start_on_owner = (
+        "start() on the engine's owner loop would wait for that same loop: "
+        "use `await server.astart()` (or astart_openai_server) there"
+    )
 
     def __init__(
         self,
@@ -279,15 +272,19 @@ class OpenAIServer:
         self._routers = tuple(routers)
         self._middleware = tuple(middleware)
         self.args = args if args is not None else serve_args(client)
-        self.grace = grace
         self._engine = engine
         self._log_level = log_level
-        self._watchdog_interval = watchdog_interval
         self._metrics = metrics
         if max_body_bytes is not None and max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive or None, not {max_body_bytes!r}")
         self._max_body_bytes = max_body_bytes
-        self._sock = _bind(host, port) if sock is None else _adopt_listener(sock)
+        super().__init__(
+            _bind(host, port) if sock is None else _adopt_listener(sock),
+            grace=grace,
+            watchdog_interval=watchdog_interval,
+            name=name,
+            use_uvloop=use_uvloop,
+        )
         bound = self._sock.getsockname()
         if self._sock.family == socket.AF_UNIX:
             self.host: str = str(bound)
@@ -300,72 +297,19 @@ class OpenAIServer:
             shown = f"[{host}]" if ":" in host else host
             scheme = "https" if _uses_tls(self.args) else "http"
             self.url = f"{scheme}://{shown}:{self.port}"
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.exit_reason: ExitReason | None = None
-        self._server: Any = None
-        self._error: BaseException | None = None
-        self._ready = threading.Event()
-        self._stopped = False
-        self._lock = threading.Lock()
-        # The same loop thread as an owner loop's: start, clean-up sweep, close.
-        self._loop_thread = LoopThread(name, loop_factory=_loop_factory(use_uvloop))
 
-    # -- lifecycle --------------------------------------------------------------
+    # -- lifecycle (the shared one, with vLLM's defaults and engine shutdown) ---------
     def start(self, timeout: float = 120.0) -> OpenAIServer:
         """Start the thread; return once connections are served.
 
         Start-up needs the engine's owner loop (it asks the engine for its
         tasks), so on the owner loop's own thread use ``await astart()``.
         """
-        if self._on_owner_thread():
-            raise LoopAffinityError(
-                "start() on the engine's owner loop would wait for that same loop: "
-                "use `await server.astart()` (or astart_openai_server) there"
-            )
-        return self._started(self._launch(timeout), timeout)
+        return super().start(timeout)
 
     async def astart(self, timeout: float = 120.0) -> OpenAIServer:
         """:meth:`start` for async callers; the calling loop keeps running meanwhile."""
-        return self._started(await asyncio.to_thread(self._launch, timeout), timeout)
-
-    def _launch(self, timeout: float) -> bool:
-        loop_thread = self._loop_thread
-        loop_thread.start()
-        self.loop = loop_thread.loop
-        asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self.loop)
-        return self._ready.wait(timeout)
-
-    def _started(self, ready: bool, timeout: float) -> OpenAIServer:
-        if not ready:
-            self._abort_start()
-            raise ServerStartError(f"server did not start within {timeout} s")
-        if self._error is not None or not self.running:
-            self.thread.join(self.grace + 5.0)
-            self._sock.close()
-            raise ServerStartError(f"server thread failed to start: {self._error}") from self._error
-        return self
-
-    def _on_owner_thread(self) -> bool:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        return running is _owner_of(self.client)
-
-    @property
-    def running(self) -> bool:
-        """True while the server thread serves requests."""
-        return (
-            self.thread.is_alive()
-            and self._server is not None
-            and bool(self._server.started)
-            and not self._server.should_exit
-        )
-
-    @property
-    def thread(self) -> threading.Thread:
-        """The server's thread (not started before :meth:`start`)."""
-        return self._loop_thread.thread or _NOT_STARTED
+        return await super().astart(timeout)
 
     def stop(self, timeout: float | None = None, *, shutdown_engine: bool | None = None) -> None:
         """Stop the server (bounded), then the engine if this server owns it.
@@ -378,28 +322,8 @@ class OpenAIServer:
         ``shutdown_engine`` defaults to whether an engine was handed to
         :func:`start_openai_server` with ``shutdown_engine=True``.
         """
-        thread = self.thread
-        if threading.current_thread() is thread:
-            raise RuntimeError("stop() called from the server's own thread")
-        if thread is _NOT_STARTED:
-            self._signal_exit()
-            self._sock.close()
+        if not self._stop_thread(timeout):
             return
-        if self._on_owner_thread() and thread.is_alive():
-            raise LoopAffinityError(
-                "stop() on the engine's owner loop would block the loop that running "
-                "requests need to finish: use `await server.aclose()` there"
-            )
-        self._signal_exit()
-        limit = self.grace + 5.0 if timeout is None else timeout
-        thread.join(limit)
-        if thread.is_alive():
-            if self._server is not None:
-                self._server.force_exit = True
-            thread.join(5.0)
-        self._sock.close()
-        if thread.is_alive():
-            raise TimeoutError(f"server thread {thread.name} did not stop")
         engine = self._engine if shutdown_engine is None or shutdown_engine else None
         if shutdown_engine and engine is None:
             raise ValueError("no engine to shut down was given to this server")
@@ -415,42 +339,11 @@ class OpenAIServer:
         """:meth:`stop` for async callers (the owner loop stays free meanwhile)."""
         await asyncio.to_thread(self.stop, timeout, shutdown_engine=shutdown_engine)
 
-    def __enter__(self) -> OpenAIServer:
-        return self
+    # -- the engine's part of the server thread ---------------------------------------
+    def _owner(self) -> asyncio.AbstractEventLoop | None:
+        return _owner_of(self.client)
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    # -- the server thread -------------------------------------------------------
-    def _signal_exit(self) -> None:
-        with self._lock:
-            self._stopped = True
-            if self._server is not None:
-                self._server.should_exit = True
-
-    def _abort_start(self) -> None:
-        self._signal_exit()
-        loop = self.loop
-        if loop is not None and self.thread.is_alive():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(lambda: None)
-        self.thread.join(self.grace + 5.0)
-        self._sock.close()
-
-    async def _serve_until_exit(self) -> None:
-        # Serving ends the loop thread: the loop stops, and LoopThread sweeps the
-        # remaining tasks and closes it.
-        try:
-            await self._main()
-        except BaseException as exc:  # reported through start()/logs
-            self._error = exc
-            if self._ready.is_set():
-                _log.exception("OpenAI server thread failed")
-        finally:
-            self._ready.set()
-            asyncio.get_running_loop().stop()
-
-    async def _main(self) -> None:
+    async def _build(self) -> Any:
         client = self.client
         # The engine must answer before anything is served.
         supported = tuple(await client.get_supported_tasks())
@@ -474,34 +367,28 @@ class OpenAIServer:
             served = layer.cls(served, *layer.args, **layer.kwargs)
         if self._max_body_bytes is not None:
             served = BodyLimit(served, self._max_body_bytes)
-        config = _uvicorn_config(served, self.args, self._log_level, self.grace)
-        server = _server_class()(config)
-        server.on_started = self._ready.set
+        server = self._new_server(_uvicorn_config(served, self.args, self._log_level, self.grace))
         app.state.server = server
-        with self._lock:
-            if self._stopped:
-                return
-            self._server = server
-        refresher = None
-        if self.args.enable_ssl_refresh and config.ssl is not None:
-            from vllm.entrypoints.launchers.utils.ssl import SSLCertRefresher
+        return server
 
-            refresher = SSLCertRefresher(
-                ssl_context=config.ssl,
-                key_path=config.ssl_keyfile,
-                cert_path=config.ssl_certfile,
-                ca_path=config.ssl_ca_certs,
-            )
-        serving = asyncio.create_task(server.serve(sockets=[self._sock]))
-        watchdog = asyncio.create_task(self._watchdog(server))
+    @contextlib.contextmanager
+    def _serving(self, server: Any) -> Iterator[None]:
+        config = server.config
+        if not (self.args.enable_ssl_refresh and config.ssl is not None):
+            yield
+            return
+        from vllm.entrypoints.launchers.utils.ssl import SSLCertRefresher
+
+        refresher = SSLCertRefresher(
+            ssl_context=config.ssl,
+            key_path=config.ssl_keyfile,
+            cert_path=config.ssl_certfile,
+            ca_path=config.ssl_ca_certs,
+        )
         try:
-            await serving
+            yield
         finally:
-            if refresher is not None:
-                refresher.stop()
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watchdog
+            refresher.stop()
 
     async def _export_metrics(self) -> None:
         owner = _owner_of(self.client)
@@ -515,42 +402,20 @@ class OpenAIServer:
         model = names if isinstance(names, str) else (names or [self.client.model_config.model])[0]
         export_metrics(owner, f"{model} on {thread}")
 
-    async def _watchdog(self, server: Any) -> None:
-        owner = _owner_of(self.client)
-        stopped_ticks = 0
-        while True:
-            await asyncio.sleep(self._watchdog_interval)
-            # Only reads that need no owner loop: a blocked owner must not hide
-            # a dead engine, and a dead owner must be seen without its help.
-            # Owner first: a closing owner loop also cancels the engine's output
-            # handler, and the cause, not the symptom, is the exit reason.
-            if owner is not None and owner.is_closed():
-                stopped_ticks = _OWNER_STOPPED_TICKS
-            elif owner is not None and not owner.is_running():
-                stopped_ticks += 1
-            else:
-                stopped_ticks = 0
-            if stopped_ticks >= _OWNER_STOPPED_TICKS:
-                self._owner_died(server, owner)
-                return
-            if self.client.errored and not _keep_alive_on_engine_death():
-                self.exit_reason = ExitReason.ENGINE_DIED
-                _log.error("engine died; stopping the OpenAI server at %s", self.url)
-                server.should_exit = True
-                return
+    def _engine_exit(self) -> ExitReason | None:
+        if self.client.errored and not _keep_alive_on_engine_death():
+            return ExitReason.ENGINE_DIED
+        return None
 
-    def _owner_died(self, server: Any, owner: asyncio.AbstractEventLoop | None) -> None:
-        self.exit_reason = ExitReason.OWNER_LOOP_STOPPED
-        _log.error("the engine's owner loop stopped; stopping the OpenAI server at %s", self.url)
-        # Stopping the server refuses new requests and ends those in flight: a
-        # stopped loop is not dead to the core (it may run again), so they wait
-        # on it until uvicorn's drain (``grace``) cancels them, and each cancel
+    def _owner_stopped(self, owner: asyncio.AbstractEventLoop | None) -> None:
+        # The server was told to exit, which refuses new requests and ends those in
+        # flight: a stopped loop is not dead to the core (it may run again), so they
+        # wait on it until uvicorn's drain (``grace``) cancels them, and each cancel
         # returns within the proxy's cancel_grace. Their generators are suspended
         # on the owner loop, so the EngineCore would run them to the end: queue an
         # abort of everything in flight, which runs if that loop runs again (a
         # restart, or the clean-up sweep of LoopThread.stop / asyncio.run). A
         # closed loop already cancelled its generators, which aborts them.
-        server.should_exit = True
         if owner is None or owner.is_closed():
             return
         engine = unwrap(self.client)

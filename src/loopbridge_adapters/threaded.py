@@ -1,0 +1,324 @@
+"""An engine's HTTP server on its own thread: the lifecycle, whichever engine.
+
+:class:`ThreadedServer` serves an ASGI app with uvicorn on a dedicated thread with a
+fresh event loop (:class:`loopbridge.LoopThread`), on a socket bound before that
+thread starts. Each adapter's server subclasses it and adds only what is its
+engine's: building the app and its uvicorn config (:meth:`ThreadedServer._build`),
+the engine's health (:meth:`ThreadedServer._engine_exit`), what to do when the
+owner loop dies (:meth:`ThreadedServer._owner_stopped`) and anything that lives as
+long as the serving does (:meth:`ThreadedServer._serving`).
+
+Invariants:
+
+* **Ordered start.** :meth:`~ThreadedServer.start` returns only once uvicorn accepts
+  connections, and ``_build`` serves nothing before the engine's owner loop answered
+  a round trip. A start that fails or times out stops the thread (bounded) and
+  raises the adapter's start error; :meth:`~ThreadedServer.start` on the owner loop
+  is refused (:class:`~loopbridge.LoopAffinityError` pointing to ``astart()``): it
+  would wait for the loop it blocks.
+* **Bounded, ordered stop.** :meth:`~ThreadedServer.stop` stops accepting, lets
+  requests drain for at most ``grace`` seconds (uvicorn then cancels them), joins the
+  thread within ``timeout`` (default ``grace + 5``), force-exits uvicorn if it is
+  still running, joins once more, and raises :class:`TimeoutError` if the thread
+  survives even that. A stop before start only closes the socket. Stopping on the
+  owner loop while the thread runs is refused (``LoopAffinityError`` pointing to
+  ``aclose()``): requests in flight need that loop to finish.
+* **Watchdog.** While serving, a task on the server's loop stops the server by
+  itself, setting :attr:`~ThreadedServer.exit_reason`, when the owner loop closes or
+  is seen stopped on :data:`OWNER_STOPPED_TICKS` checks in a row, or when the
+  engine's health hook reports it dead. It reads only what needs no owner loop: a
+  blocked owner must not hide a dead engine, and a dead owner must be seen without
+  its help. The owner is checked first: its death also ends the engine's tasks, and
+  the cause, not the symptom, is the exit reason.
+* **The socket is closed on every path** that ends the server: a stop (before start
+  too), a failed or timed-out start, a start the adapter refuses (:meth:`_claim`). A
+  start refused on the owner loop keeps it: ``astart()`` may follow.
+
+Built on the core's public API only; imports no engine and no adapter.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from typing import Any, ClassVar, TypeVar
+
+from loopbridge import LoopAffinityError, LoopThread
+
+from .http import ExitReason, loop_factory, thread_server_class
+
+__all__ = ["OWNER_STOPPED_TICKS", "ThreadedServer"]
+
+# The owner loop must be seen stopped on this many watchdog checks in a row: a loop
+# driven by repeated run_until_complete() calls is briefly not running.
+OWNER_STOPPED_TICKS = 2
+
+_S = TypeVar("_S", bound="ThreadedServer")
+
+
+class ThreadedServer(abc.ABC):
+    """The thread, loop, uvicorn server and watchdog of one engine server.
+
+    Subclasses set the class attributes (their logger, start error and the
+    messages that name their engine) and implement :meth:`_owner`, :meth:`_build`
+    and :meth:`_engine_exit`; they set :attr:`url` in ``__init__``.
+    """
+
+    #: What start-up failures raise.
+    _start_error: ClassVar[type[Exception]] = RuntimeError
+    #: The adapter's logger and what its log lines call the server.
+    _logger: ClassVar[logging.Logger] = logging.getLogger(__name__)
+    _kind: ClassVar[str] = "server"
+    #: The refusals on the owner loop, naming the engine and the async variant.
+    _start_on_owner: ClassVar[str] = (
+        "start() on the engine's owner loop would wait for that same loop: "
+        "use `await server.astart()` there"
+    )
+    _stop_on_owner: ClassVar[str] = (
+        "stop() on the engine's owner loop would block the loop that running "
+        "requests need to finish: use `await server.aclose()` there"
+    )
+
+    url: str
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        grace: float,
+        watchdog_interval: float,
+        name: str,
+        use_uvloop: bool,
+    ) -> None:
+        self._sock = sock
+        self.grace = grace
+        self._watchdog_interval = watchdog_interval
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.exit_reason: ExitReason | None = None
+        self._server: Any = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._stopped = False
+        self._lock = threading.Lock()
+        # The same loop thread as an owner loop's: start, clean-up sweep, close.
+        self._loop_thread = LoopThread(name, loop_factory=loop_factory(use_uvloop))
+        # What `thread` is before start(): a thread that never runs.
+        self._not_started = threading.Thread(name=f"{name} (not started)")
+
+    # -- the engine's part ----------------------------------------------------------
+    @abc.abstractmethod
+    def _owner(self) -> asyncio.AbstractEventLoop | None:
+        """The engine's owner loop (``None``: not loop-affine, nothing to watch)."""
+
+    @abc.abstractmethod
+    async def _build(self) -> Any:
+        """On the server's loop: wait for the owner loop's answer, then return the
+        uvicorn server (made with :meth:`_new_server`) that serves the engine's app."""
+
+    @abc.abstractmethod
+    def _engine_exit(self) -> ExitReason | None:
+        """Why the server must stop because of its engine, if it must; read without
+        the owner loop."""
+
+    def _owner_stopped(self, owner: asyncio.AbstractEventLoop | None) -> None:
+        """After the watchdog saw the owner loop stop or close (server already told
+        to exit); runs on the server's loop."""
+        return None  # default: nothing
+
+    def _serving(self, server: Any) -> contextlib.AbstractContextManager[None]:
+        """What lives exactly as long as ``server`` serves (entered on its loop)."""
+        return contextlib.nullcontext()
+
+    def _claim(self) -> None:
+        """Before the thread starts (may raise; the socket is closed then)."""
+        return None  # default: nothing
+
+    def _release(self) -> None:
+        """On the server's loop, once serving has ended, whichever way."""
+        return None  # default: nothing
+
+    def _new_server(self, config: Any) -> Any:
+        """uvicorn's server for ``config``, reporting readiness to :meth:`start`."""
+        server = thread_server_class()(config)
+        server.on_started = self._ready.set
+        return server
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self: _S, timeout: float = 60.0) -> _S:
+        """Start the thread; return once connections are served.
+
+        Start-up needs the engine's owner loop, so on that loop use ``await astart()``.
+        """
+        if self._on_owner_loop():
+            raise LoopAffinityError(self._start_on_owner)
+        return self._started(self._launch(timeout), timeout)
+
+    async def astart(self: _S, timeout: float = 60.0) -> _S:
+        """:meth:`start` for async callers; the calling loop keeps running meanwhile."""
+        return self._started(await asyncio.to_thread(self._launch, timeout), timeout)
+
+    def _launch(self, timeout: float) -> bool:
+        try:
+            self._claim()
+        except BaseException:
+            self._sock.close()
+            raise
+        loop_thread = self._loop_thread
+        loop_thread.start()
+        self.loop = loop_thread.loop
+        asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self.loop)
+        return self._ready.wait(timeout)
+
+    def _started(self: _S, ready: bool, timeout: float) -> _S:
+        if not ready:
+            self._abort_start()
+            raise self._start_error(f"server did not start within {timeout} s")
+        if self._error is not None or not self.running:
+            self.thread.join(self.grace + 5.0)
+            self._sock.close()
+            raise self._start_error(
+                f"server thread failed to start: {self._error}"
+            ) from self._error
+        return self
+
+    def _abort_start(self) -> None:
+        self._signal_exit()
+        loop = self.loop
+        if loop is not None and self.thread.is_alive():
+            # Wake the loop: a start-up still waiting for the owner sees the flag
+            # when it resumes, not only when that wait ends.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(lambda: None)
+        self.thread.join(self.grace + 5.0)
+        self._sock.close()
+
+    def _on_owner_loop(self) -> bool:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return running is self._owner()
+
+    @property
+    def running(self) -> bool:
+        """True while the server thread serves requests."""
+        return (
+            self.thread.is_alive()
+            and self._server is not None
+            and bool(self._server.started)
+            and not self._server.should_exit
+        )
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The server's thread (a thread that never runs, before :meth:`start`)."""
+        return self._loop_thread.thread or self._not_started
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the server: drain for ``grace`` s, then join the thread (bounded).
+
+        ``timeout`` bounds the join (default ``grace + 5`` s); a server still running
+        after it is force-closed, and :class:`TimeoutError` is raised if even that
+        does not end the thread. On the engine's owner loop, use ``await aclose()``:
+        draining requests need that loop.
+        """
+        self._stop_thread(timeout)
+
+    def _stop_thread(self, timeout: float | None) -> bool:
+        """:meth:`stop`'s work; False if the server never started."""
+        thread = self.thread
+        if threading.current_thread() is thread:
+            raise RuntimeError("stop() called from the server's own thread")
+        if thread is self._not_started:
+            self._signal_exit()
+            self._sock.close()
+            return False
+        if thread.is_alive() and self._on_owner_loop():
+            raise LoopAffinityError(self._stop_on_owner)
+        self._signal_exit()
+        thread.join(self.grace + 5.0 if timeout is None else timeout)
+        if thread.is_alive():
+            if self._server is not None:
+                self._server.force_exit = True
+            thread.join(5.0)
+        self._sock.close()
+        if thread.is_alive():
+            raise TimeoutError(f"server thread {thread.name} did not stop")
+        return True
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        """:meth:`stop` for async callers (the owner loop stays free meanwhile)."""
+        await asyncio.to_thread(self.stop, timeout)
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the server thread ------------------------------------------------------------
+    def _signal_exit(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._server is not None:
+                self._server.should_exit = True
+
+    async def _serve_until_exit(self) -> None:
+        # Serving ends the loop thread: the loop stops, and LoopThread sweeps the
+        # remaining tasks and closes it.
+        try:
+            await self._main()
+        except BaseException as exc:  # reported through start() or the log
+            self._error = exc
+            if self._ready.is_set():
+                self._logger.exception("%s thread failed", self._kind)
+        finally:
+            self._release()
+            self._ready.set()
+            asyncio.get_running_loop().stop()
+
+    async def _main(self) -> None:
+        server = await self._build()
+        with self._lock:
+            if self._stopped:
+                return
+            self._server = server
+        with self._serving(server):
+            serving = asyncio.create_task(server.serve(sockets=[self._sock]))
+            watchdog = asyncio.create_task(self._watchdog(server))
+            try:
+                await serving
+            finally:
+                watchdog.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watchdog
+
+    async def _watchdog(self, server: Any) -> None:
+        owner = self._owner()
+        stopped_ticks = 0
+        while True:
+            await asyncio.sleep(self._watchdog_interval)
+            # Owner first: see the module docstring.
+            if owner is not None and owner.is_closed():
+                stopped_ticks = OWNER_STOPPED_TICKS
+            elif owner is not None and not owner.is_running():
+                stopped_ticks += 1
+            else:
+                stopped_ticks = 0
+            if stopped_ticks >= OWNER_STOPPED_TICKS:
+                self._exit_by_itself(server, ExitReason.OWNER_LOOP_STOPPED)
+                self._owner_stopped(owner)
+                return
+            reason = self._engine_exit()
+            if reason is not None:
+                self._exit_by_itself(server, reason)
+                return
+
+    def _exit_by_itself(self, server: Any, reason: ExitReason) -> None:
+        self.exit_reason = reason
+        self._logger.error("%s; stopping the %s at %s", reason.value, self._kind, self.url)
+        server.should_exit = True

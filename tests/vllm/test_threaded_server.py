@@ -1,0 +1,262 @@
+"""The threaded server's lifecycle, engine aside (loopbridge_adapters.threaded).
+
+A tiny ASGI app and an owner loop on a LoopThread stand in for an engine; both real
+servers (vLLM's and SGLang's) run the same lifecycle in their own suites. It lives in
+the vLLM lane because that is where uvicorn is installed; it needs no vLLM.
+
+Every wait is on an event the code under test sets, except the start timeout, which
+is the thing under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import httpx
+import pytest
+
+from loopbridge import LoopAffinityError, LoopThread
+from loopbridge_adapters.http import ExitReason, bind
+from loopbridge_adapters.threaded import ThreadedServer
+
+BOUND_S = 30.0  # an upper bound only: every wait ends on an event well before it
+
+
+class _StartError(RuntimeError):
+    pass
+
+
+class _App:
+    """``/slow`` waits for ``release``; ``/forever`` never answers; the rest say ok."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.cancelled = threading.Event()
+        self.order: list[str] = []
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "http"
+        if scope["path"] == "/forever":
+            self.entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        if scope["path"] == "/slow":
+            self.entered.set()
+            await asyncio.to_thread(self.release.wait, BOUND_S)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+        self.order.append("response sent")
+
+
+class _Server(ThreadedServer):
+    _start_error = _StartError
+    _kind = "test server"
+
+    def __init__(self, owner: LoopThread, app: _App, *, grace: float = BOUND_S) -> None:
+        self.owner_loop = owner.loop
+        self.app = app
+        self.engine_dead: ExitReason | None = None
+        self.owner_gate = threading.Event()
+        self.owner_gate.set()
+        self.exit_signalled = threading.Event()
+        self.owner_stopped_seen: list[asyncio.AbstractEventLoop | None] = []
+        super().__init__(
+            bind("127.0.0.1", 0),
+            grace=grace,
+            watchdog_interval=0.01,
+            name="test-threaded-server",
+            use_uvloop=False,
+        )
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def _owner(self) -> asyncio.AbstractEventLoop:
+        return self.owner_loop
+
+    async def _build(self) -> Any:
+        import uvicorn
+
+        gate = self.owner_gate
+        # The owner's round trip; the owner blocks in it until the gate opens.
+        await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(_blocking_wait(gate), self.owner_loop)
+        )
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=max(1, round(self.grace)),
+        )
+        return self._new_server(config)
+
+    def _engine_exit(self) -> ExitReason | None:
+        return self.engine_dead
+
+    def _owner_stopped(self, owner: asyncio.AbstractEventLoop | None) -> None:
+        self.owner_stopped_seen.append(owner)
+
+    def _signal_exit(self) -> None:
+        super()._signal_exit()
+        self.exit_signalled.set()
+
+
+async def _blocking_wait(gate: threading.Event) -> None:
+    gate.wait(BOUND_S)  # blocks the owner loop, as a busy engine would
+
+
+@pytest.fixture
+def owner() -> Iterator[LoopThread]:
+    thread = LoopThread(name="test-owner").start()
+    yield thread
+    thread.stop()
+
+
+def _closed(sock: Any) -> bool:
+    return bool(sock.fileno() == -1)
+
+
+def test_stop_drains_a_request_in_flight_then_closes(owner: LoopThread) -> None:
+    app = _App()
+    server = _Server(owner, app).start()
+    assert server.running
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        reply = pool.submit(httpx.get, f"{server.url}/slow", timeout=BOUND_S)
+        assert app.entered.wait(BOUND_S)
+
+        def stop() -> None:
+            server.stop()
+            app.order.append("stopped")
+
+        stopping = pool.submit(stop)
+        assert server.exit_signalled.wait(BOUND_S)
+        # Told to exit, the server refuses new connections but still drains.
+        assert not stopping.done()
+        app.release.set()
+        assert reply.result(BOUND_S).text == "ok"
+        stopping.result(BOUND_S)
+    assert app.order == ["response sent", "stopped"]
+    assert not server.thread.is_alive() and not server.running
+    assert _closed(server._sock)
+    assert server.exit_reason is None
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/", timeout=BOUND_S)
+
+
+def test_stop_cancels_what_outlives_the_grace(owner: LoopThread) -> None:
+    app = _App()
+    server = _Server(owner, app, grace=0.1).start()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(httpx.get, f"{server.url}/forever", timeout=BOUND_S)
+        assert app.entered.wait(BOUND_S)
+        server.stop()
+        assert app.cancelled.is_set()
+        # Cancelled before it answered: uvicorn says 500 and closes.
+        assert reply.result(BOUND_S).status_code == 500
+    assert not server.thread.is_alive() and _closed(server._sock)
+
+
+def test_stop_before_start_closes_the_socket(owner: LoopThread) -> None:
+    server = _Server(owner, _App())
+    assert not server.thread.is_alive() and not server.running
+    assert server.thread.name == "test-threaded-server (not started)"
+    server.stop()
+    assert _closed(server._sock)
+    server.stop()  # again: nothing left to do
+    with _Server(owner, _App()) as unused:
+        pass
+    assert _closed(unused._sock)
+
+
+def test_start_timeout_stops_the_thread_and_closes_the_socket(owner: LoopThread) -> None:
+    server = _Server(owner, _App())
+    server.owner_gate.clear()  # the owner does not answer
+
+    def answer_once_refused() -> None:
+        # The owner answers only after the start gave up: nothing must be served.
+        if server.exit_signalled.wait(BOUND_S):
+            server.owner_gate.set()
+
+    helper = threading.Thread(target=answer_once_refused)
+    helper.start()
+    with pytest.raises(_StartError, match=r"did not start within 0\.2 s"):
+        server.start(timeout=0.2)
+    helper.join(BOUND_S)
+    assert not server.thread.is_alive()
+    assert _closed(server._sock)
+    assert server._server is None  # never served
+
+
+def test_failed_start_reports_the_error_and_closes_the_socket(owner: LoopThread) -> None:
+    class Broken(_Server):
+        async def _build(self) -> Any:
+            raise ValueError("no app today")
+
+    server = Broken(owner, _App())
+    with pytest.raises(_StartError, match="failed to start: no app today") as info:
+        server.start()
+    assert isinstance(info.value.__cause__, ValueError)
+    assert not server.thread.is_alive() and _closed(server._sock)
+
+
+def test_watchdog_stops_the_server_when_the_owner_loop_closes(owner: LoopThread) -> None:
+    server = _Server(owner, _App()).start()
+    closed_loop = owner.loop
+    owner.stop()
+    server.thread.join(BOUND_S)
+    assert not server.thread.is_alive()
+    assert server.exit_reason is ExitReason.OWNER_LOOP_STOPPED
+    assert server.owner_stopped_seen == [closed_loop]
+    server.stop()
+    assert _closed(server._sock)
+
+
+def test_watchdog_stops_the_server_when_the_engine_dies(owner: LoopThread) -> None:
+    server = _Server(owner, _App()).start()
+    server.engine_dead = ExitReason.ENGINE_DIED
+    server.thread.join(BOUND_S)
+    assert not server.thread.is_alive()
+    assert server.exit_reason is ExitReason.ENGINE_DIED
+    assert server.owner_stopped_seen == []  # the owner is fine
+    server.stop()
+
+
+def test_start_and_stop_on_the_owner_loop_point_to_the_async_forms(owner: LoopThread) -> None:
+    server = _Server(owner, _App())
+
+    async def on_owner() -> list[str]:
+        seen = []
+        with pytest.raises(LoopAffinityError, match=r"await server\.astart\(\)") as info:
+            server.start()
+        seen.append(str(info.value))
+        # The refused start left the socket to the async one.
+        await server.astart()
+        assert server.running
+        with pytest.raises(LoopAffinityError, match=r"await server\.aclose\(\)") as info:
+            server.stop()
+        seen.append(str(info.value))
+        await server.aclose()
+        return seen
+
+    seen = asyncio.run_coroutine_threadsafe(on_owner(), owner.loop).result(BOUND_S)
+    assert len(seen) == 2
+    assert not server.thread.is_alive() and _closed(server._sock)
+
+
+def test_stop_from_the_server_thread_is_refused(owner: LoopThread) -> None:
+    server = _Server(owner, _App()).start()
+    assert server.loop is not None
+
+    async def stop_here() -> None:
+        server.stop()
+
+    with pytest.raises(RuntimeError, match="from the server's own thread"):
+        asyncio.run_coroutine_threadsafe(stop_here(), server.loop).result(BOUND_S)
+    server.stop()
+    assert not server.thread.is_alive()
