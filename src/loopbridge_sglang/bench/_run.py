@@ -11,6 +11,8 @@ measured job, both modes' ``/model_info`` must agree (:meth:`Stack.check_same`).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import platform
@@ -104,6 +106,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="leave SGLang's and uvicorn's logs on the terminal instead of <out>/logs/",
     )
+    ap.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="leave the GC unfrozen after set-up (launch_server freezes it after warm-up)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     q = args.quick
@@ -171,7 +179,8 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
     next_id = 0
     t_start = time.perf_counter()
     console.phase("sglang")
-    stack = Stack(args.step_ms / 1e3)
+    stack = Stack(args.step_ms / 1e3, freeze_gc=args.gc_freeze)
+    gc_clock = _GcClock()
     load = LoadProcess()
     partial = (out / "latency.partial.jsonl").open("w")
     config: dict[str, Any] = {}
@@ -208,9 +217,10 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                     next_id += n
                     with stack.serving(mode) as url:
                         job = Job(**{**asdict(job), "url": url})
-                        cpu0 = time.process_time()
+                        cpu0, gc0 = time.process_time(), gc_clock.snapshot()
                         wall, samples = load.run(job)
                         cpu = time.process_time() - cpu0
+                        gc_full, gc_full_s = gc_clock.since(gc0)
                     died = not stack.healthy
                     ok = [s for s in samples if s.error is None]
                     records.append(
@@ -228,6 +238,9 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                             "ok": len(ok),
                             "tokens": sum(s.tokens for s in ok),
                             "server_cpu_s": cpu,
+                            # Full (generation 2) collections in this process during the job.
+                            "gc_full": gc_full,
+                            "gc_full_s": gc_full_s,
                             "engine_died": died,
                             "samples": [asdict(s) for s in samples],
                         }
@@ -239,6 +252,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                             f"the manager or its stand-in died during {mode}; see {console.current}"
                         )
     finally:
+        gc_clock.close()
         partial.close()
         load.close()
         stack.stop()
@@ -248,6 +262,9 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         "model": "tiny (config only, skip_tokenizer_init)",
         "config": config,
         "step_ms": args.step_ms,
+        "gc_frozen": args.gc_freeze,
+        "gc_full_collections": sum(r["gc_full"] for r in records if not r["warmup"]),
+        "gc_full_s": sum(r["gc_full_s"] for r in records if not r["warmup"]),
         "stream": args.stream,
         "endpoint": "/generate",
         "prompt_len": args.prompt_len,
@@ -268,6 +285,35 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         "argv": list(args.argv),
     }
     return {"meta": meta, "rows": rows, "targets": target_checks(rows), "records": records}
+
+
+class _GcClock:
+    """Counts full collections and the time they take, on every thread of this process."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+
+    def snapshot(self) -> tuple[int, float]:
+        return self.count, self.seconds
+
+    def since(self, then: tuple[int, float]) -> tuple[int, float]:
+        return self.count - then[0], self.seconds - then[1]
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
 
 
 def _versions() -> dict[str, str]:

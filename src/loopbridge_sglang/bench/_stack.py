@@ -14,7 +14,8 @@ one loop: a thread of its own running uvloop, as ``launch_server`` runs its loop
 Both modes serve the same manager, stand-in and app, so they cannot differ in model or
 engine settings; :meth:`Stack.check_same` still compares what each server reports
 (``/model_info``, ``/server_info``'s arguments) and fails loudly on any difference.
-Both servers get the same socket (:func:`loopbridge_adapters.http.bind`: TCP_NODELAY),
+The GC is frozen after set-up, as ``launch_server`` does after its warm-up. Both
+servers get the same socket (:func:`loopbridge_adapters.http.bind`: TCP_NODELAY),
 no access log and the same log level: logging is not what is measured.
 
 SGLang's app is one per process (``set_global_state`` sets a module global), so one
@@ -53,8 +54,9 @@ class ConfigMismatchError(RuntimeError):
 class Stack:
     """The manager, its stand-in scheduler and its owner loop; see the module docstring."""
 
-    def __init__(self, step_s: float, grace: float = 5.0) -> None:
+    def __init__(self, step_s: float, grace: float = 5.0, freeze_gc: bool = True) -> None:
         self.step_s = step_s
+        self.freeze_gc = freeze_gc
         self.grace = grace
         self._tmp = tempfile.TemporaryDirectory(prefix="loopbridge-sglang-bench-")
         self.model = build_tiny_model(Path(self._tmp.name) / "model")
@@ -77,12 +79,17 @@ class Stack:
         return self
 
     async def _mark_up(self) -> None:
-        """On the owner loop: ``handle_loop`` starts there, the manager is up (as after
-        ``launch_server``'s warm-up; both modes then find it so)."""
+        """On the owner loop: ``handle_loop`` starts there, the manager is up, the GC is
+        frozen: what ``launch_server``'s warm-up leaves behind, for both modes alike."""
         from sglang.srt.managers.tokenizer_manager import ServerStatus
 
         self.manager.auto_create_handle_loop()
         self.manager.server_status = ServerStatus.Up
+        # launch_server freezes the GC after its warm-up: without it a full collection
+        # walks SGLang's and torch's import-time objects, about 0.4 s on 2 busy cores,
+        # landing on whichever mode happens to run then.
+        if self.freeze_gc:
+            await self.manager.freeze_gc()
 
     @property
     def healthy(self) -> bool:
