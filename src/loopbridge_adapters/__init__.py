@@ -7,6 +7,8 @@
   bounded stop, the owner-loop watchdog; each adapter adds only its engine's part.
 * :mod:`loopbridge_adapters.owner` - naming the loop that will own an engine before it
   starts.
+* :mod:`loopbridge_adapters.bench` - the latency benchmarks' engine-free half: the load
+  generator, the statistics and the console.
 
 Built on the core's public API only; imports no engine and no adapter. Each adapter
 (``loopbridge_vllm``, ``loopbridge_sglang``) imports it; they never import each other.

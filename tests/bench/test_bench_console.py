@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = r"""
 import logging, os, subprocess, sys, warnings
 from pathlib import Path
-from loopbridge_vllm.bench._console import Console
+from loopbridge_adapters.bench.console import Console
 
 logging.basicConfig(level=logging.INFO)  # a handler bound to sys.stderr, as vLLM's is
 console = Console(Path(sys.argv[1]))

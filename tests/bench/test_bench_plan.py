@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 
-from loopbridge_vllm.bench._devices import (
-    Gpu,
-    parse_fake_gpus,
-    place_engines,
-    startup_order,
-)
-from loopbridge_vllm.bench._load import (
+from loopbridge_adapters.bench.load import (
     ID_TOKENS,
     Job,
     arrival_times,
     length_bounds,
     prompt_tokens,
     request_lengths,
+)
+from loopbridge_vllm.bench._devices import (
+    Gpu,
+    parse_fake_gpus,
+    place_engines,
+    startup_order,
 )
 from loopbridge_vllm.bench._report import headlines, markdown, summarize
 from loopbridge_vllm.bench._run import (

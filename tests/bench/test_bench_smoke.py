@@ -466,7 +466,7 @@ def test_requests_per_job_and_stock_flags() -> None:
 
 
 def test_stream_end_parsing() -> None:
-    from loopbridge_vllm.bench._load import _FIRST_TEXT, _stream_end
+    from loopbridge_adapters.bench.load import _FIRST_TEXT, _stream_end
 
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}\n\ndata: [DONE]\n\n'
     body = b'data: {"choices":[{"text":"ab","index":0}]}\n\n' + usage

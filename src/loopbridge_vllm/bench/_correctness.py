@@ -22,9 +22,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loopbridge_adapters.bench.console import tail
+from loopbridge_adapters.bench.load import Job, LoadProcess
+
 from ._amplifier import CollectorSetHold
-from ._console import tail
-from ._load import Job, LoadProcess
 from ._report import versions_line
 from ._stack import EngineSpec, Stack
 

@@ -14,20 +14,21 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ._console import Console, tail
-from ._correctness import Outcome, correctness_markdown, run_correctness, verdict_lines
-from ._devices import Gpu, Placement, detect_gpus, parse_fake_gpus, place_engines, startup_order
-from ._load import (
-    ENDPOINTS,
+from loopbridge_adapters.bench.console import Console, tail
+from loopbridge_adapters.bench.load import (
     ID_TOKENS,
     LENGTH_SHAPES,
+    OPENAI_ENDPOINTS,
     Job,
     LoadProcess,
     length_bounds,
     request_lengths,
 )
+from loopbridge_adapters.bench.summary import rec_key
+
+from ._correctness import Outcome, correctness_markdown, run_correctness, verdict_lines
+from ._devices import Gpu, Placement, detect_gpus, parse_fake_gpus, place_engines, startup_order
 from ._report import (
-    _rec_key,
     headlines,
     markdown,
     plot,
@@ -139,7 +140,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--endpoint",
-        choices=(*ENDPOINTS, "both"),
+        choices=(*OPENAI_ENDPOINTS, "both"),
         default="completions",
         help="/v1/completions, /v1/chat/completions, or both as separate scenarios",
     )
@@ -439,7 +440,7 @@ class Scenario:
 
 
 def _endpoints(args: argparse.Namespace) -> list[str]:
-    return list(ENDPOINTS) if args.endpoint == "both" else [args.endpoint]
+    return list(OPENAI_ENDPOINTS) if args.endpoint == "both" else [args.endpoint]
 
 
 def _scenarios(args: argparse.Namespace) -> list[Scenario]:
@@ -842,7 +843,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                     if not r["warmup"]
                     and r["mode"] == base
                     and r["wall_s"] > 0
-                    and _rec_key(r) == cap.key
+                    and rec_key(r) == cap.key
                 ]
                 if rates:
                     capacity[cap.key] = statistics.median(rates)

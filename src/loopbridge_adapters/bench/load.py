@@ -1,5 +1,6 @@
 """The HTTP load generator: closed-loop workers or open-loop Poisson arrivals over real
-loopback HTTP (httpx).
+loopback HTTP (httpx), against an OpenAI-compatible server (``/v1/completions``,
+``/v1/chat/completions``) or SGLang's native ``/generate``.
 
 It runs in a child process (see :class:`LoadProcess`) so that the client's own
 Python work does not share the server process's GIL: the server process then
@@ -30,10 +31,12 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 __all__ = [
+    "ENDPOINTS",
     "ID_TOKENS",
     "LENGTH_SHAPES",
     "Job",
     "LoadProcess",
+    "OPENAI_ENDPOINTS",
     "Sample",
     "length_bounds",
     "prompt_tokens",
@@ -51,7 +54,15 @@ ID_TOKENS = 4
 #: the right-skewed shape of chat traffic (many short prompts and answers, a long tail).
 LENGTH_SHAPES = {"fixed": (0.0, 0.0), "lognormal": (0.8, 0.6)}  # (prompt sigma, output sigma)
 _CLIP = 4.0
-ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+ENDPOINTS = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "generate": "/generate",  # SGLang's native API: token ids in, token ids out
+}
+#: The endpoints of an OpenAI-compatible server (``vllm serve``'s).
+OPENAI_ENDPOINTS = ("completions", "chat")
+#: A request that needs no engine call, per endpoint: it opens the connections.
+_WARM_PATHS = {"completions": "/v1/models", "chat": "/v1/models", "generate": "/model_info"}
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,9 @@ def prompt_tokens(job: Job, i: int) -> list[int]:
 def _body(job: Job, i: int) -> tuple[dict[str, Any], str]:
     tokens = prompt_tokens(job, i)
     _, out_len = request_lengths(job, i)
+    digest = hashlib.blake2b(repr(tokens).encode(), digest_size=8).hexdigest()
+    if job.endpoint == "generate":
+        return _generate_body(job, tokens, out_len), digest
     body: dict[str, Any] = {
         "model": job.model,
         "max_tokens": out_len,
@@ -149,18 +163,44 @@ def _body(job: Job, i: int) -> tuple[dict[str, Any], str]:
         body["prompt"] = tokens
     if job.stream:
         body["stream_options"] = {"include_usage": True}
-    digest = hashlib.blake2b(repr(tokens).encode(), digest_size=8).hexdigest()
     return body, digest
+
+
+def _generate_body(job: Job, tokens: list[int], out_len: int) -> dict[str, Any]:
+    """SGLang's ``GenerateReqInput``: the same lengths and sampling as the OpenAI body
+    (``ignore_eos`` alone holds the length: SGLang refuses ``min_new_tokens`` without a
+    tokenizer)."""
+    return {
+        "input_ids": tokens,
+        "sampling_params": {
+            "max_new_tokens": out_len,
+            "ignore_eos": True,
+            "temperature": 0.0,
+        },
+        "stream": job.stream,
+    }
+
+
+def _response_tokens(endpoint: str, body: Any) -> int:
+    """Completion tokens of a whole (non-streamed) response."""
+    if endpoint == "generate":
+        return int(body["meta_info"]["completion_tokens"])
+    return int(body["usage"]["completion_tokens"])
 
 
 # An event that carries text: completions' "text", chat's "content" (the chat
 # stream's first event, the role alone, carries "content":"").
 _FIRST_TEXT = re.compile(rb'"(?:text|content)":"[^"]')
+# SGLang's /generate: every event carries the request's new output (token ids here:
+# the text is empty without a tokenizer); the stream ends with "data: [DONE]".
+_GENERATE_EVENT = re.compile(rb"data: \{")
+_EVENTS = {"completions": _FIRST_TEXT, "chat": _FIRST_TEXT, "generate": _GENERATE_EVENT}
 _TAIL = 8192
 
 
-def _stream_end(tail: bytes, error: bool) -> tuple[int, str | None]:
-    """Completion tokens from the usage event at the end of an SSE stream."""
+def _stream_end(tail: bytes, error: bool, endpoint: str = "completions") -> tuple[int, str | None]:
+    """Completion tokens from the usage event at the end of an SSE stream (SGLang's
+    ``/generate``: the last event's ``meta_info``)."""
     tokens = 0
     for line in reversed(tail.split(b"\n")):
         if not line.startswith(b"data: {"):
@@ -171,7 +211,7 @@ def _stream_end(tail: bytes, error: bool) -> tuple[int, str | None]:
             continue  # cut off at the start of the tail
         if "error" in event:
             return tokens, f"stream error: {str(event)[:200]}"
-        usage = event.get("usage")
+        usage = event.get("meta_info" if endpoint == "generate" else "usage")
         if usage and not tokens:
             tokens = int(usage["completion_tokens"])
             if not error:
@@ -183,7 +223,7 @@ def _stream_end(tail: bytes, error: bool) -> tuple[int, str | None]:
 
 async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
     body, digest = _body(job, i)
-    want = int(body["max_tokens"])
+    _, want = request_lengths(job, i)
     path = ENDPOINTS[job.endpoint]
     t0 = time.perf_counter()
     start = t0 - t_job
@@ -198,7 +238,7 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
             t1 = time.perf_counter()
             if resp.status_code != 200:
                 return failed(f"HTTP {resp.status_code}: {resp.text[:200]}")
-            tokens = int(resp.json()["usage"]["completion_tokens"])
+            tokens = _response_tokens(job.endpoint, resp.json())
             err = None if tokens == want else f"{tokens} tokens, expected {want}"
             return Sample(start, t1 - t0, t1 - t0, tokens, err, [], digest, want)
         # Scanning raw bytes instead of decoding every event keeps the client
@@ -210,12 +250,13 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
         itl: list[float] = []
         tail = b""
         error = False
+        counted = _EVENTS[job.endpoint]
         async with client.stream("POST", path, json=body) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 return failed(f"HTTP {resp.status_code}: {text[:200]}")
             async for chunk in resp.aiter_raw():
-                events = len(_FIRST_TEXT.findall(chunk))
+                events = len(counted.findall(chunk))
                 if events:
                     now = time.perf_counter()
                     if ttft is None:
@@ -230,7 +271,7 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
                     error = True
                 tail = (tail + chunk)[-_TAIL:]
         t1 = time.perf_counter()
-        tokens, err = _stream_end(tail, error)
+        tokens, err = _stream_end(tail, error, job.endpoint)
         if err is None and tokens != want:
             err = f"{tokens} tokens, expected {want}"
         ttft_s = ttft if ttft is not None else t1 - t0
@@ -239,7 +280,7 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
         return failed(f"{type(exc).__name__}: {exc}"[:300])
 
 
-async def _open_connections(client: Any, n: int) -> None:
+async def _open_connections(client: Any, n: int, path: str = "/v1/models") -> None:
     """Open ``n`` kept-alive connections before the clock starts.
 
     Each of ``n`` requests holds its connection until all ``n`` have their
@@ -251,10 +292,10 @@ async def _open_connections(client: Any, n: int) -> None:
 
     async def hold() -> None:
         nonlocal opened
-        # /v1/models needs no engine call, so every mode answers it alike.
-        async with client.stream("GET", "/v1/models") as resp:
+        # It needs no engine call, so every mode answers it alike.
+        async with client.stream("GET", path) as resp:
             if resp.status_code != 200:
-                raise RuntimeError(f"GET /v1/models answered {resp.status_code}")
+                raise RuntimeError(f"GET {path} answered {resp.status_code}")
             opened += 1
             if opened == n:
                 all_open.set()
@@ -289,7 +330,7 @@ async def run_job(job: Job) -> tuple[float, list[Sample]]:
     samples: list[Sample] = []
     workers = min(job.concurrency, job.requests)
     async with httpx.AsyncClient(base_url=job.url, timeout=job.timeout_s, limits=limits) as client:
-        await _open_connections(client, workers)
+        await _open_connections(client, workers, _WARM_PATHS[job.endpoint])
         t_job = time.perf_counter()
         if job.rate > 0:
 

@@ -1,0 +1,201 @@
+"""Statistics over the load generator's samples: percentiles, rows per scenario and
+mode, ratios between modes measured in the same run, and their formatting.
+
+A record is one job: ``{"mode", "concurrency", "busy", "stream", "endpoint",
+"rate_fraction", "warmup", "wall_s", "ok", "tokens", "samples", ...}`` with the
+samples as :class:`~loopbridge_adapters.bench.load.Sample` dicts.  Invariants:
+warm-up records never count; a ratio compares two modes of one scenario (rounds
+interleave the modes, so drift hits both); a ratio against a baseline below
+:data:`RATIO_FLOOR` or against no data is NaN, never a number.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "COMPARED",
+    "RATIO_FLOOR",
+    "ms",
+    "percentile",
+    "ratio",
+    "rec_key",
+    "scenario_key",
+    "summarize",
+    "three",
+    "times",
+    "request_tpot",
+]
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (``q`` in 0..100); NaN for no data."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def scenario_key(
+    stream: bool,
+    c: int,
+    busy: bool,
+    endpoint: str = "completions",
+    rate_fraction: float | None = None,
+) -> str:
+    """``stream-c16``, ``nostream-chat-c1-busy``, ``stream-r0.5`` (open loop, half of capacity)."""
+    load = f"r{rate_fraction:g}" if rate_fraction is not None else f"c{c}"
+    chat = "-chat" if endpoint == "chat" else ""
+    return f"{'stream' if stream else 'nostream'}{chat}-{load}{'-busy' if busy else ''}"
+
+
+def rec_key(rec: dict[str, Any]) -> str:
+    return scenario_key(
+        rec.get("stream", True),
+        rec["concurrency"],
+        rec["busy"],
+        rec.get("endpoint", "completions"),
+        rec.get("rate_fraction"),
+    )
+
+
+#: Statistics compared with the baselines, as ``{stat}_vs_{baseline}``.
+COMPARED = (
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p99",
+    "itl_p50",
+    "itl_p99",
+    "itl_max",
+    "e2e_p50",
+    "cpu_per_request",
+)
+
+
+def request_tpot(s: dict[str, Any]) -> float | None:
+    """Time per output token after the first: vLLM's ``bench serve`` definition."""
+    if s["tokens"] < 2:
+        return None
+    return float((s["e2e"] - s["ttft"]) / (s["tokens"] - 1))
+
+
+def summarize(
+    records: list[dict[str, Any]], modes: Sequence[str], baselines: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One row per (scenario, mode): pooled percentiles over all measured rounds.
+
+    ``records`` hold one entry per (round, scenario, mode) with that round's
+    samples.  Latency percentiles pool every successful request of the mode in
+    that scenario (ITL pools every gap); the request rate is the median over
+    rounds; server CPU is per successful request over all rounds.  Ratios
+    compare modes of the same scenario, so drift hits both sides alike (rounds
+    interleave the modes).  Rows come in ``modes`` order within a scenario; each row
+    gets ``{stat}_vs_{baseline}`` ratios against every mode of ``baselines`` present
+    (the baseline's name without dashes: ``per-hop`` gives ``_vs_perhop``).
+    """
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    order = {m: i for i, m in enumerate(modes)}
+    for rec in records:
+        if rec["warmup"]:
+            continue
+        rf = rec.get("rate_fraction")
+        key = (
+            rec["busy"],
+            rec.get("endpoint", "completions") != "completions",
+            rf is not None,
+            not rec.get("stream", True),
+            rf or 0.0,
+            rec["concurrency"],
+            order.get(rec["mode"], 9),
+            rec["mode"],
+        )
+        groups.setdefault(key, []).append(rec)
+    rows: list[dict[str, Any]] = []
+    for key, recs in sorted(groups.items(), key=lambda kv: kv[0]):
+        mode = key[-1]
+        first = recs[0]
+        ok = [s for r in recs for s in r["samples"] if s["error"] is None]
+        errors = [s["error"] for r in recs for s in r["samples"] if s["error"] is not None]
+        e2e = [s["e2e"] for s in ok]
+        ttft = [s["ttft"] for s in ok]
+        tpot = (
+            [t for t in map(request_tpot, ok) if t is not None] if first.get("stream", True) else []
+        )
+        itl = [x for s in ok for x in s.get("itl", ())]
+        rates = [r["ok"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
+        tok_rates = [r["tokens"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
+        cpu = [r["server_cpu_s"] for r in recs if r.get("server_cpu_s") is not None]
+        p99_rounds = [
+            percentile([s["e2e"] for s in r["samples"] if s["error"] is None], 99) for r in recs
+        ]
+        row: dict[str, Any] = {
+            "scenario": rec_key(first),
+            "stream": first.get("stream", True),
+            "concurrency": first["concurrency"],
+            "busy": first["busy"],
+            "endpoint": first.get("endpoint", "completions"),
+            "rate_fraction": first.get("rate_fraction"),
+            "offered_rps": first.get("offered_rps"),
+            "mode": mode,
+            "rounds": len(recs),
+            "requests": sum(len(r["samples"]) for r in recs),
+            "ok": len(ok),
+            "errors": len(errors),
+            "error_examples": sorted(set(errors))[:3],
+            "engine_died": sum(1 for r in recs if r.get("engine_died")),
+            "rate_rps": statistics.median(rates) if rates else math.nan,
+            "rate_rps_rounds": rates,
+            "tokens_per_s": statistics.median(tok_rates) if tok_rates else math.nan,
+            "cpu_per_request": sum(cpu) / len(ok) if cpu and ok else math.nan,
+            "e2e_p99_rounds": p99_rounds,
+        }
+        for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
+            for q in (50, 95, 99):
+                row[f"{name}_p{q}"] = percentile(xs, q)
+            row[f"{name}_max"] = max(xs) if xs else math.nan
+        rows.append(row)
+    by = {(r["scenario"], r["mode"]): r for r in rows}
+    for r in rows:
+        for base in baselines:
+            b = by.get((r["scenario"], base))
+            if b is None or b is r:
+                continue
+            tag = base.replace("-", "")
+            for stat in COMPARED:
+                r[f"{stat}_vs_{tag}"] = ratio(r[stat], b[stat])
+            r[f"p99_vs_{tag}"] = ratio(r["e2e_p99"], b["e2e_p99"])
+            r[f"rate_vs_{tag}"] = ratio(r["rate_rps"], b["rate_rps"])
+            paired = [ratio(x, y) for x, y in zip(r["e2e_p99_rounds"], b["e2e_p99_rounds"])]
+            paired = [x for x in paired if not math.isnan(x)]
+            r[f"p99_vs_{tag}_round_median"] = statistics.median(paired) if paired else math.nan
+    return rows
+
+
+#: Below this (seconds) a baseline is timer noise, not a time: no ratio against it.
+#: Stream events that arrive in one read have gaps of zero, so an ITL p50 can be 0.
+RATIO_FLOOR = 1e-4
+
+
+def ratio(a: float, b: float) -> float:
+    if math.isnan(a) or math.isnan(b) or b < RATIO_FLOOR:
+        return math.nan
+    return a / b
+
+
+def ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1e3:.0f}" if x >= 0.1 else f"{x * 1e3:.1f}"
+
+
+def times(x: float | None) -> str:
+    return "" if x is None or math.isnan(x) else f"{x:.2f}x"
+
+
+def three(r: dict[str, Any], name: str) -> str:
+    return " / ".join(ms(r[f"{name}_{q}"]) for q in ("p50", "p99", "max"))

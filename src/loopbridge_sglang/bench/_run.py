@@ -1,0 +1,352 @@
+"""The benchmark's command line and rounds: ``python -m loopbridge_sglang.bench``.
+
+Every round runs each scenario (streaming and non-streaming ``/generate`` at each
+concurrency) once per mode, the mode order rotating with the round and the scenario so
+drift and warm-up hit both modes alike. Each job gets requests no other job sent
+(:mod:`loopbridge_adapters.bench.load`), the same lengths for both modes of a round
+and scenario, and a server of its own (:meth:`Stack.serving`). Before the first
+measured job, both modes' ``/model_info`` must agree (:meth:`Stack.check_same`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from loopbridge_adapters.bench.console import Console
+from loopbridge_adapters.bench.load import Job, LoadProcess
+from loopbridge_adapters.bench.summary import scenario_key, summarize
+
+from ._report import markdown, target_checks, terminal_report
+from ._stack import MODES, Stack
+
+__all__ = ["main", "parse_args", "requests_for", "run"]
+
+#: The baseline: the threaded mode is compared with SGLang's own topology.
+BASELINES = ("stock",)
+_ENDPOINT = "generate"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m loopbridge_sglang.bench",
+        description=(
+            "Latency of SGLang's own HTTP app over a real TokenizerManager (stand-in "
+            "scheduler, real ZMQ messages), driven over real HTTP on kept-alive "
+            "connections: stock (the app on the manager's own loop, as launch_server "
+            "runs it) against loopbridge (the app on its own thread, the manager "
+            "through its proxy), interleaved in one run."
+        ),
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="a tiny run (smoke test): few requests, one round"
+    )
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests per mode, scenario and round (default 8 per worker, 16 to 128)",
+    )
+    ap.add_argument(
+        "--concurrency", type=_ints, default=None, help="comma-separated (default 1,16,64)"
+    )
+    ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
+    ap.add_argument(
+        "--output-len", type=int, default=32, help="output tokens per request (default 32)"
+    )
+    ap.add_argument(
+        "--stream",
+        choices=("both", "on", "off"),
+        default="both",
+        help="streaming requests, non-streaming ones, or both as separate scenarios (default)",
+    )
+    ap.add_argument("--rounds", type=int, default=None, help="measured rounds (default 3)")
+    ap.add_argument(
+        "--warmup-rounds", type=int, default=None, help="unmeasured rounds first (default 1)"
+    )
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=None,
+        help="the stand-in scheduler's step, one token per running request (default 5)",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=120.0, help="per-request timeout, s (default 120)"
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/sglang-latency"),
+        help="where latency.json and latency.md go (default results/sglang-latency)",
+    )
+    ap.add_argument(
+        "--show-logs",
+        action="store_true",
+        help="leave SGLang's and uvicorn's logs on the terminal instead of <out>/logs/",
+    )
+    ap.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="leave the GC unfrozen after set-up (launch_server freezes it after warm-up)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    q = args.quick
+    if args.concurrency is None:
+        args.concurrency = [1, 4] if q else [1, 16, 64]
+    if args.rounds is None:
+        args.rounds = 1 if q else 3
+    if args.warmup_rounds is None:
+        args.warmup_rounds = 0 if q else 1
+    if args.step_ms is None:
+        args.step_ms = 1.0 if q else 5.0
+    if args.requests is None and q:
+        args.requests = 8
+    if q:
+        args.output_len = min(args.output_len, 8)
+    for name, low in (
+        ("requests", 1),
+        ("rounds", 1),
+        ("warmup_rounds", 0),
+        ("prompt_len", 4),
+        ("output_len", 1),
+    ):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            ap.error(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    if args.step_ms < 0 or args.timeout <= 0:
+        ap.error("--step-ms must be at least 0 and --timeout above 0")
+    if args.prompt_len + args.output_len >= 2048:
+        ap.error("--prompt-len + --output-len must stay below the tiny model's 2048 positions")
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    return args
+
+
+def requests_for(args: argparse.Namespace, c: int, warmup: bool) -> int:
+    """Requests per job: ``--requests``, or 8 per worker within 16..128 (as the vLLM
+    benchmark); a warm-up job a quarter of that, at least one per worker."""
+    n: int = args.requests if args.requests is not None else max(16, min(128, 8 * c))
+    return min(n, max(c, n // 4)) if warmup else n
+
+
+def _streams(args: argparse.Namespace) -> list[bool]:
+    return {"both": [True, False], "on": [True], "off": [False]}[args.stream]
+
+
+def _report_config(url: str) -> dict[str, Any]:
+    """What a server says about its model: the configuration check's input."""
+    import httpx
+
+    out: dict[str, Any] = {}
+    for path in ("/model_info",):
+        resp = httpx.get(url + path, timeout=30)
+        resp.raise_for_status()
+        out[path] = resp.json()
+    return out
+
+
+def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, Any]:
+    """The run; ``console`` routes its logs to files (none: they stay where they are)."""
+    console = console or Console(None)
+    scenarios = [(stream, c) for stream in _streams(args) for c in args.concurrency]
+    total_rounds = args.warmup_rounds + args.rounds
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    records: list[dict[str, Any]] = []
+    next_id = 0
+    t_start = time.perf_counter()
+    console.phase("sglang")
+    stack = Stack(args.step_ms / 1e3, freeze_gc=args.gc_freeze)
+    gc_clock = _GcClock()
+    load = LoadProcess()
+    partial = (out / "latency.partial.jsonl").open("w")
+    config: dict[str, Any] = {}
+    try:
+        stack.start()
+        reports = {}
+        for mode in MODES:
+            with stack.serving(mode) as url:
+                reports[mode] = _report_config(url)
+        config = stack.check_same(reports)
+        for rnd in range(total_rounds):
+            warm = rnd < args.warmup_rounds
+            for si, (stream, c) in enumerate(scenarios):
+                n = requests_for(args, c, warm)
+                k = (rnd + si) % len(MODES)
+                for mode in MODES[k:] + MODES[:k]:
+                    console.say(
+                        f"round {rnd + 1}/{total_rounds}{' (warm-up)' if warm else ''} "
+                        f"{scenario_key(stream, c, False)} {mode}"
+                    )
+                    job = Job(
+                        url="",
+                        model="",
+                        requests=n,
+                        concurrency=c,
+                        prompt_len=args.prompt_len,
+                        output_len=args.output_len,
+                        stream=stream,
+                        timeout_s=args.timeout,
+                        seed=args.seed * 1_000_003 + rnd * 1000 + si,
+                        first_id=next_id,
+                        endpoint=_ENDPOINT,
+                    )
+                    next_id += n
+                    with stack.serving(mode) as url:
+                        job = Job(**{**asdict(job), "url": url})
+                        cpu0, gc0 = time.process_time(), gc_clock.snapshot()
+                        wall, samples = load.run(job)
+                        cpu = time.process_time() - cpu0
+                        gc_full, gc_full_s = gc_clock.since(gc0)
+                    died = not stack.healthy
+                    ok = [s for s in samples if s.error is None]
+                    records.append(
+                        {
+                            "round": rnd,
+                            "warmup": warm,
+                            "stream": stream,
+                            "concurrency": c,
+                            "busy": False,
+                            "endpoint": _ENDPOINT,
+                            "rate_fraction": None,
+                            "offered_rps": None,
+                            "mode": mode,
+                            "wall_s": wall,
+                            "ok": len(ok),
+                            "tokens": sum(s.tokens for s in ok),
+                            "server_cpu_s": cpu,
+                            # Full (generation 2) collections in this process during the job.
+                            "gc_full": gc_full,
+                            "gc_full_s": gc_full_s,
+                            "engine_died": died,
+                            "samples": [asdict(s) for s in samples],
+                        }
+                    )
+                    partial.write(json.dumps(records[-1]) + "\n")
+                    partial.flush()
+                    if died:
+                        raise RuntimeError(
+                            f"the manager or its stand-in died during {mode}; see {console.current}"
+                        )
+    finally:
+        gc_clock.close()
+        partial.close()
+        load.close()
+        stack.stop()
+    rows = summarize(records, MODES, BASELINES)
+    meta: dict[str, Any] = {
+        "engine": "SGLang's TokenizerManager with the stand-in scheduler",
+        "model": "tiny (config only, skip_tokenizer_init)",
+        "config": config,
+        "step_ms": args.step_ms,
+        "gc_frozen": args.gc_freeze,
+        "gc_full_collections": sum(r["gc_full"] for r in records if not r["warmup"]),
+        "gc_full_s": sum(r["gc_full_s"] for r in records if not r["warmup"]),
+        "stream": args.stream,
+        "endpoint": "/generate",
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "requests": args.requests if args.requests is not None else "8 per worker, 16..128",
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+        "warmup_rounds": args.warmup_rounds,
+        "modes": list(MODES),
+        "keepalive": "one connection per worker, opened before the clock starts",
+        "prompts_sent": next_id,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "versions": _versions(),
+        "elapsed_s": time.perf_counter() - t_start,
+        "argv": list(args.argv),
+    }
+    return {"meta": meta, "rows": rows, "targets": target_checks(rows), "records": records}
+
+
+class _GcClock:
+    """Counts full collections and the time they take, on every thread of this process."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+
+    def snapshot(self) -> tuple[int, float]:
+        return self.count, self.seconds
+
+    def since(self, then: tuple[int, float]) -> tuple[int, float]:
+        return self.count - then[0], self.seconds - then[1]
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("sglang", "torch", "uvicorn", "uvloop", "fastapi", "loopbridge"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    log_dir = None if args.show_logs else args.out / "logs"
+    with Console(log_dir) as console:
+        if log_dir is not None:
+            console.say(f"bench: logs go to {log_dir}/")
+        result = run(args, console)
+        (args.out / "latency.json").write_text(
+            json.dumps(
+                {k: result[k] for k in ("meta", "rows", "targets", "records")},
+                indent=1,
+                default=str,
+            )
+        )
+        (args.out / "latency.md").write_text(markdown(result["rows"], result["meta"]) + "\n")
+        for line in terminal_report(result["rows"], result["meta"]):
+            print(line, file=console.out)
+        print(
+            f"\nwrote {args.out / 'latency.json'} and {args.out / 'latency.md'}",
+            file=console.out,
+        )
+    return result
