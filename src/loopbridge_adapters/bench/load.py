@@ -286,23 +286,49 @@ async def _open_connections(client: Any, n: int, path: str = "/v1/models") -> No
     Each of ``n`` requests holds its connection until all ``n`` have their
     response headers, so the pool ends up with ``n`` distinct connections,
     which the workers then reuse: no measured request pays for a connect.
+
+    The server's keep-alive clock of a connection starts when its response is
+    sent, so the first connections idle while the last ones connect (seconds, on
+    a busy machine at c = 64). A second round on the open connections restarts
+    every clock just before the job; a connection the server closed meanwhile
+    is replaced there (a GET, safe to retry), not in a measured request.
     """
-    opened = 0
-    all_open = asyncio.Event()
+    for _ in range(2):
+        await _hold_round(client, n, path)
+
+
+async def _hold_round(client: Any, n: int, path: str) -> None:
+    """``n`` GETs, each holding its connection until all ``n`` have headers."""
+    import httpx
+
+    held = 0
+    all_held = asyncio.Event()
 
     async def hold() -> None:
-        nonlocal opened
-        # It needs no engine call, so every mode answers it alike.
-        async with client.stream("GET", path) as resp:
-            if resp.status_code != 200:
-                raise RuntimeError(f"GET {path} answered {resp.status_code}")
-            opened += 1
-            if opened == n:
-                all_open.set()
-            await all_open.wait()
-            await resp.aread()  # read to the end: the connection goes back to the pool
+        nonlocal held
+        for attempt in range(2):
+            try:
+                # It needs no engine call, so every mode answers it alike.
+                async with client.stream("GET", path) as resp:
+                    if resp.status_code != 200:
+                        raise RuntimeError(f"GET {path} answered {resp.status_code}")
+                    held += 1
+                    if held >= n:
+                        all_held.set()
+                    await all_held.wait()
+                    await resp.aread()  # read to the end: back to the pool
+                return
+            except httpx.TransportError:
+                if attempt:
+                    raise
 
     await asyncio.gather(*(hold() for _ in range(n)))
+
+
+# The client drops an idle connection well before the servers do (vLLM's and
+# SGLang's uvicorn keep-alive timeout is 5 s, httpx's own expiry too): with equal
+# timeouts a request sent as the server closes the connection fails with ReadError.
+_KEEPALIVE_EXPIRY_S = 2.0
 
 
 def arrival_times(job: Job) -> list[float]:
@@ -325,7 +351,9 @@ async def run_job(job: Job) -> tuple[float, list[Sample]]:
     import httpx
 
     limits = httpx.Limits(
-        max_connections=job.concurrency, max_keepalive_connections=job.concurrency
+        max_connections=job.concurrency,
+        max_keepalive_connections=job.concurrency,
+        keepalive_expiry=_KEEPALIVE_EXPIRY_S,
     )
     samples: list[Sample] = []
     workers = min(job.concurrency, job.requests)
