@@ -154,6 +154,8 @@ class SGLangServer:
         sock: socket.socket | None = None,
         template_manager: Any = None,
         scheduler_info: dict[str, Any] | None = None,
+        root_path: str = "",
+        access_log: bool = False,
     ) -> None:
         if not is_tokenizer_manager_proxy(manager):
             manager = tokenizer_manager_proxy(manager)
@@ -171,6 +173,8 @@ class SGLangServer:
         self._watchdog_interval = watchdog_interval
         self._template_manager = template_manager
         self._scheduler_info = scheduler_info
+        self._root_path = root_path
+        self._access_log = access_log
         self._health = _Health(manager, owner)
         self._sock = bind(host, port) if sock is None else adopt_listener(sock)
         bound = self._sock.getsockname()
@@ -334,7 +338,8 @@ class SGLangServer:
         config = uvicorn.Config(
             _HealthFirst(app, self._health),
             log_level=self._log_level,
-            access_log=False,
+            access_log=self._access_log,
+            root_path=self._root_path,
             lifespan="on",
             timeout_graceful_shutdown=max(1, round(self.grace)),
         )
@@ -398,6 +403,8 @@ def start_sglang_server(
     sock: socket.socket | None = None,
     template_manager: Any = None,
     scheduler_info: dict[str, Any] | None = None,
+    root_path: str = "",
+    access_log: bool = False,
 ) -> SGLangServer:
     """Serve SGLang's HTTP app for ``manager`` from a new thread; return when ready.
 
@@ -405,6 +412,8 @@ def start_sglang_server(
     manager already declared with its owner loop. ``port=0`` picks a free port;
     ``sock`` serves an already bound, listening socket instead. ``template_manager``
     and ``scheduler_info`` are SGLang's (its chat templates, ``/server_info``).
+    ``root_path`` and ``access_log`` are uvicorn's (SGLang's ``--fastapi-root-path``;
+    stock logs every request at info level, this server by default does not).
     """
     return SGLangServer(
         manager,
@@ -416,4 +425,6 @@ def start_sglang_server(
         sock=sock,
         template_manager=template_manager,
         scheduler_info=scheduler_info,
+        root_path=root_path,
+        access_log=access_log,
     ).start(start_timeout)
