@@ -5,6 +5,8 @@
 * :mod:`loopbridge_adapters.http` - the threaded servers' socket, loop and uvicorn pieces.
 * :mod:`loopbridge_adapters.owner` - naming the loop that will own an engine before it
   starts.
+* :mod:`loopbridge_adapters.serve_cli` - an adapter's ``serve`` command: the table of the
+  engine's server options (honoured or refused, failing closed), signals, bind failures.
 
 Built on the core's public API only; imports no engine and no adapter. Each adapter
 (``loopbridge_vllm``, ``loopbridge_sglang``) imports it; they never import each other.
