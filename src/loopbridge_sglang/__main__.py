@@ -199,6 +199,8 @@ def serve(argv: Sequence[str]) -> int:
                 scheduler_info=engine.scheduler_info,
                 root_path=server_args.fastapi_root_path or "",
                 access_log=True,  # uvicorn's default, as stock: on at log level info
+                api_key=server_args.api_key,
+                admin_api_key=server_args.admin_api_key,
             )
             print(f"serving on {server.url}", flush=True)
             code = serve_until_stopped(signals.stop, server)

@@ -11,7 +11,7 @@ kept here. Each one is in exactly one of two lists:
   scheduler, the detokenizer and the ``TokenizerManager`` from them; SGLang's own app
   (its routes and its lifespan: metrics, tracing, tool server) reads them from the
   published configuration. A field whose effect lives in a part this server replaces
-  (``launch_server``'s uvicorn set-up, its warm-up, its API-key middleware, its other
+  (``launch_server``'s uvicorn set-up and API-key middleware, its warm-up, its other
   server modes) has its own rule in :data:`HONOURED` or :data:`REFUSED`.
 - **refused**: a rule in :data:`REFUSED` says for which values, and what to do instead.
   ``serve`` then exits at once with status 2 and one line.
@@ -49,6 +49,10 @@ ENGINE = (
 )
 
 _UVICORN = "the HTTP server's uvicorn settings, as SGLang's launch_server sets them"
+_AUTH = (
+    "SGLang's own API-key middleware (add_api_key_middleware), installed by this "
+    "server as SGLang's launch_server installs it"
+)
 _GRPC_ONLY = "used by stock only with gRPC serving (--grpc-port, --smg-grpc-mode: refused)"
 
 #: Options that are not ``ServerArgs`` fields, or fields whose effect lives in the
@@ -63,6 +67,8 @@ HONOURED: dict[str, str] = {
     "fastapi_root_path": _UVICORN + " (root_path)",
     "log_level": ENGINE + "; also uvicorn's log level unless --log-level-http is given",
     "log_level_http": _UVICORN + " (log level)",
+    "api_key": _AUTH,
+    "admin_api_key": _AUTH,
     "uvicorn_access_log_exclude_prefixes": _UVICORN
     + " (SGLang's set_uvicorn_logging_configs filters the access log)",
     # Settings of server modes that are refused below; stock ignores them without.
@@ -130,18 +136,6 @@ REFUSED: dict[str, Refusal] = {
         lambda ns: bool(ns.enable_ssl_refresh),
         "this server speaks plain HTTP: terminate TLS in a proxy in front of it, "
         f"or use stock `{_STOCK}`",
-    ),
-    "api_key": Refusal(
-        lambda ns: ns.api_key is not None,
-        "SGLang's API-key middleware is installed by its launcher, which this server "
-        "replaces: put the server behind an authenticating proxy, or use stock "
-        f"`{_STOCK}`",
-    ),
-    "admin_api_key": Refusal(
-        lambda ns: ns.admin_api_key is not None,
-        "SGLang's API-key middleware is installed by its launcher, which this server "
-        "replaces: put the server behind an authenticating proxy, or use stock "
-        f"`{_STOCK}`",
     ),
     "skip_server_warmup": Refusal(
         lambda ns: bool(ns.skip_server_warmup),

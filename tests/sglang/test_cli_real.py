@@ -43,6 +43,8 @@ def test_serve_answers_then_stops_in_order_without_leftovers(
         "tiny",
         "--log-level-http",
         "warning",
+        "--api-key",
+        "sekrit",
     ]
     proc = subprocess.Popen(
         cmd,
@@ -67,10 +69,14 @@ def test_serve_answers_then_stops_in_order_without_leftovers(
         # The stand-in scheduler is a child process while serving.
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children
-        with httpx.Client(base_url=url, timeout=30) as client:
-            assert client.get("/health").status_code == 200
+        body = {"input_ids": [1, 5, 7], "sampling_params": {"max_new_tokens": 3}}
+        # --api-key: SGLang's own middleware, as its launcher installs it; /health is open.
+        with httpx.Client(base_url=url, timeout=30) as anonymous:
+            assert anonymous.get("/health").status_code == 200
+            assert anonymous.post("/generate", json=body).status_code == 401
+        headers = {"Authorization": "Bearer sekrit"}
+        with httpx.Client(base_url=url, timeout=30, headers=headers) as client:
             assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny"]
-            body = {"input_ids": [1, 5, 7], "sampling_params": {"max_new_tokens": 3}}
             out = client.post("/generate", json=body).json()
             assert out["output_ids"] == [100, 101, 102]
             assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 3}

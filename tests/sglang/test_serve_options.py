@@ -73,7 +73,7 @@ def test_an_option_in_neither_list_is_found_and_refused_when_given() -> None:
         (["--grpc-port", "50051"], "--grpc-port", "native gRPC"),
         (["--enable-http2"], "--enable-http2", "HTTP/2"),
         (["--ssl-certfile", "c.pem"], "--ssl-certfile", "terminate TLS"),
-        (["--api-key", "k"], "--api-key", "authenticating proxy"),
+        (["--enable-ssl-refresh"], "--enable-ssl-refresh", "terminate TLS"),
         (["--warmups", "voice_chat"], "--warmups", "warm-up requests yourself"),
         (["--node-rank", "1"], "--node-rank", "no HTTP server"),
         (["--use-ray"], "--use-ray", "Ray"),
@@ -95,6 +95,7 @@ def test_options_whose_effect_lives_in_replaced_parts_are_refused_by_name(
         ["--tokenizer-worker-num", "1"],
         ["--node-rank", "0", "--port", "0"],
         ["--log-level-http", "warning", "--fastapi-root-path", "/api"],
+        ["--api-key", "k", "--admin-api-key", "a"],
         ["--http2-max-concurrent-streams", "10"],  # stock ignores it without --enable-http2
         ["--max-running-requests", "7", "--context-length", "512", "--enable-metrics"],
     ],
@@ -144,13 +145,13 @@ def test_refused_command_line_exits_2_with_one_line_per_option(
     tiny_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["serve", "--cpu-standin", "--port", "0", "--", "--model-path", str(tiny_model)]
-    code = cli.main([*argv, "--api-key", "k", "--tokenizer-worker-num", "4"])
+    code = cli.main([*argv, "--ssl-keyfile", "k.pem", "--tokenizer-worker-num", "4"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     lines = err.splitlines()
     assert len(lines) == 2, lines
     assert lines[0].startswith("error: --tokenizer-worker-num: ")
-    assert lines[1].startswith("error: --api-key: ")
+    assert lines[1].startswith("error: --ssl-keyfile: ")
 
 
 def test_sglangs_own_checks_are_one_error_line(
