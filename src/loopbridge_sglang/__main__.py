@@ -187,7 +187,9 @@ def serve(argv: Sequence[str]) -> int:
     code = 1
     try:
         engine = owner.run(launch, server_args, opts.cpu_standin)
-        if not signals.stop.is_set():
+        if signals.stop.is_set():  # asked to stop while the engine started
+            code = 0
+        else:
             set_uvicorn_logging_configs(server_args)  # as launch_server: formats, filters
             server = start_sglang_server(
                 tokenizer_manager_proxy(engine.manager, loop=owner.loop),
