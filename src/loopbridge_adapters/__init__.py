@@ -9,6 +9,8 @@
   starts.
 * :mod:`loopbridge_adapters.bench` - the latency benchmarks' engine-free half: the load
   generator, the statistics and the console.
+* :mod:`loopbridge_adapters.serve_cli` - an adapter's ``serve`` command: the table of the
+  engine's server options (honoured or refused, failing closed), signals, bind failures.
 
 Built on the core's public API only; imports no engine and no adapter. Each adapter
 (``loopbridge_vllm``, ``loopbridge_sglang``) imports it; they never import each other.

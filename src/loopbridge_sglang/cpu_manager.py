@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import queue
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ __all__ = [
     "StandInScheduler",
     "build_tiny_model",
     "make_tokenizer_manager",
+    "manager_for",
 ]
 
 # How often a held stand-in looks whether it was released.
@@ -86,13 +88,33 @@ def make_tokenizer_manager(
     ``device="cpu"``). Start a :class:`StandInScheduler` on the returned ``PortArgs``
     before the first request.
     """
-    from sglang.srt.managers.tokenizer_manager import TokenizerManager
-    from sglang.srt.runtime_context import publish
-    from sglang.srt.server_args import PortArgs, ServerArgs
+    from sglang.srt.server_args import ServerArgs
 
     options: dict[str, Any] = {"skip_tokenizer_init": True, "device": "cpu"}
     options.update(server_args)
     args = ServerArgs(model_path=str(model), **options)
+    manager, ports = manager_for(args, ipc_dir)
+    return manager, args, ports
+
+
+def manager_for(
+    args: ServerArgs, ipc_dir: str | os.PathLike[str]
+) -> tuple[TokenizerManager, PortArgs]:
+    """A real ``TokenizerManager`` built from ``args``, its sockets under ``ipc_dir``.
+
+    ``args`` must have ``skip_tokenizer_init`` (the stand-in sends token ids, and no
+    detokenizer runs). Publishes ``args`` as SGLang's launcher does before it builds
+    the manager.
+    """
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import PortArgs
+
+    if not args.skip_tokenizer_init:
+        raise ValueError(
+            "the stand-in scheduler sends token ids and no detokenizer runs: "
+            "build the server arguments with skip_tokenizer_init=True"
+        )
     publish(args, role="tokenizer")
     base = Path(ipc_dir)
     base.mkdir(parents=True, exist_ok=True)
@@ -113,7 +135,7 @@ def make_tokenizer_manager(
     manager = TokenizerManager(args, ports)
     # SGLang's Engine copies this from the scheduler's answer at start-up.
     manager.max_req_input_len = manager.context_len - 1
-    return manager, args, ports
+    return manager, ports
 
 
 @dataclass
@@ -174,6 +196,11 @@ def _serve(
     import zmq
     from sglang.srt.managers import io_struct
 
+    # Forked: the parent's Python signal handlers (a serve command's SIGTERM, say)
+    # would otherwise survive stop()'s terminate(). SIGINT goes to the whole process
+    # group on Ctrl-C; the parent stops this process in its order.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.connect(scheduler_input)
@@ -323,6 +350,9 @@ class StandInScheduler:
     def stop(self) -> None:
         if self._process.pid is not None and self._process.is_alive():
             self._process.terminate()
+            self._process.join(10)
+            if self._process.is_alive():
+                self._process.kill()
         with contextlib.suppress(AssertionError):
             self._process.join(10)
         self.events.close()

@@ -156,6 +156,10 @@ class SGLangServer(ThreadedServer):
         sock: socket.socket | None = None,
         template_manager: Any = None,
         scheduler_info: dict[str, Any] | None = None,
+        root_path: str = "",
+        access_log: bool = False,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
     ) -> None:
         if not is_tokenizer_manager_proxy(manager):
             manager = tokenizer_manager_proxy(manager)
@@ -171,6 +175,10 @@ class SGLangServer(ThreadedServer):
         self._log_level = log_level
         self._template_manager = template_manager
         self._scheduler_info = scheduler_info
+        self._root_path = root_path
+        self._access_log = access_log
+        self._api_key = api_key
+        self._admin_api_key = admin_api_key
         self._health = _Health(manager, owner)
         super().__init__(
             bind(host, port) if sock is None else adopt_listener(sock),
@@ -235,9 +243,10 @@ class SGLangServer(ThreadedServer):
         import uvicorn
 
         config = uvicorn.Config(
-            _HealthFirst(app, self._health),
+            _HealthFirst(self._with_auth(app), self._health),
             log_level=self._log_level,
-            access_log=False,
+            access_log=self._access_log,
+            root_path=self._root_path,
             lifespan="on",
             timeout_graceful_shutdown=max(1, round(self.grace)),
         )
@@ -245,6 +254,28 @@ class SGLangServer(ThreadedServer):
 
     def _engine_exit(self) -> ExitReason | None:
         return self._health.ended()
+
+    def _with_auth(self, app: Any) -> Any:
+        """SGLang's API-key middleware around ``app``, when SGLang's launcher adds it.
+
+        The launcher calls ``add_api_key_middleware(app, ...)``, which adds it to the
+        module-global app; that app may already have served (an earlier server in this
+        process), after which Starlette takes no middleware. So SGLang's own middleware
+        class is taken from that call and wraps the app here instead.
+        """
+        from sglang.srt.utils.auth import add_api_key_middleware, app_has_admin_force_endpoints
+
+        if not (self._api_key or self._admin_api_key or app_has_admin_force_endpoints(app)):
+            return app
+        layers: list[tuple[Any, dict[str, Any]]] = []
+
+        class _Collect:
+            def add_middleware(self, cls: Any, **options: Any) -> None:
+                layers.append((cls, options))
+
+        add_api_key_middleware(_Collect(), api_key=self._api_key, admin_api_key=self._admin_api_key)
+        [(middleware, options)] = layers
+        return middleware(app, **{**options, "fastapi_app": app})
 
 
 def start_sglang_server(
@@ -259,6 +290,10 @@ def start_sglang_server(
     sock: socket.socket | None = None,
     template_manager: Any = None,
     scheduler_info: dict[str, Any] | None = None,
+    root_path: str = "",
+    access_log: bool = False,
+    api_key: str | None = None,
+    admin_api_key: str | None = None,
 ) -> SGLangServer:
     """Serve SGLang's HTTP app for ``manager`` from a new thread; return when ready.
 
@@ -266,6 +301,10 @@ def start_sglang_server(
     manager already declared with its owner loop. ``port=0`` picks a free port;
     ``sock`` serves an already bound, listening socket instead. ``template_manager``
     and ``scheduler_info`` are SGLang's (its chat templates, ``/server_info``).
+    ``root_path`` and ``access_log`` are uvicorn's (SGLang's ``--fastapi-root-path``;
+    stock logs every request at info level, this server by default does not).
+    ``api_key`` and ``admin_api_key`` are SGLang's (``--api-key``, ``--admin-api-key``):
+    SGLang's own API-key middleware checks them, as its launcher installs it.
     """
     return SGLangServer(
         manager,
@@ -277,4 +316,8 @@ def start_sglang_server(
         sock=sock,
         template_manager=template_manager,
         scheduler_info=scheduler_info,
+        root_path=root_path,
+        access_log=access_log,
+        api_key=api_key,
+        admin_api_key=admin_api_key,
     ).start(start_timeout)

@@ -19,17 +19,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import errno
 import gc
 import importlib
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any
 
+from loopbridge_adapters.serve_cli import (
+    StopSignals,
+    UsageError,
+    bind_failure,
+    report_usage_error,
+    serve_until_stopped,
+)
 from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
 
 # Subcommands implemented in other modules: name -> module with main(argv).
@@ -87,8 +90,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _UsageError(Exception):
-    """A command line ``serve`` refuses: exit status 2, one line per problem."""
+_UsageError = UsageError  # the name the tests and earlier releases use
 
 
 @dataclasses.dataclass
@@ -126,7 +128,7 @@ def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
         problems.append("--grace and --shutdown-timeout both set the drain on shutdown; give one")
     problems += refusals(parser, ns, given)
     if problems:
-        raise _UsageError("\n".join(problems))
+        raise UsageError("\n".join(problems))
     validate_parsed, validate_api, _ = serve_arg_checks()
     # vllm serve's own checks, in its order: the command line, then (after the
     # parser plugins registered their names) the parser names.
@@ -136,7 +138,7 @@ def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
         validate_api(ns)
     except (ValueError, TypeError, KeyError) as exc:
         message = str(exc.args[0] if exc.args else exc)
-        raise _UsageError(message.removeprefix("Error: ")) from exc
+        raise UsageError(message.removeprefix("Error: ")) from exc
     host = ns.host if "host" in given else (opts.host or _DEFAULT_HOST)
     port = ns.port if "port" in given else (_DEFAULT_PORT if opts.port is None else opts.port)
     ns.host, ns.port = host, port  # the namespace the app sees tells the truth
@@ -170,10 +172,8 @@ def serve(argv: Sequence[str]) -> int:
         ]
     try:
         plan = _plan(opts, vllm_argv)
-    except _UsageError as exc:
-        for line in str(exc).splitlines():
-            print(f"error: {line}", file=sys.stderr, flush=True)
-        return 2
+    except UsageError as exc:
+        return report_usage_error(exc)
     ns = plan.ns
     from vllm.utils.system_utils import set_ulimit
 
@@ -184,21 +184,16 @@ def serve(argv: Sequence[str]) -> int:
     try:
         sock = _bind_unix(ns.uds) if ns.uds else _bind(plan.host, plan.port)
     except OSError as exc:
-        print(_bind_failure(plan.host, plan.port, ns.uds, exc), file=sys.stderr, flush=True)
+        print(bind_failure(plan.host, plan.port, ns.uds, exc), file=sys.stderr, flush=True)
         return 1
     set_ulimit()  # as vllm serve: many concurrent connections need many descriptors
 
     from loopbridge import LoopThread
     from loopbridge_vllm.server import start_openai_server
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
     # Signals are the main thread's business; neither the owner loop nor the
     # server thread installs handlers.
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = StopSignals().install()
     owner = LoopThread("loopbridge-engine-owner", use_uvloop=opts.uvloop).start()
     engine: Any = None
     server: Any = None
@@ -217,12 +212,7 @@ def serve(argv: Sequence[str]) -> int:
             sock=sock,
         )
         print(f"serving on {server.url}", flush=True)
-        while not stop.wait(0.2):
-            if not server.thread.is_alive():
-                reason = server.exit_reason.value if server.exit_reason else "unknown"
-                print(f"server stopped by itself ({reason})", flush=True)
-                break
-        code = 0 if stop.is_set() else 1
+        code = serve_until_stopped(signals.stop, server)
     finally:
         if server is not None:
             server.stop(shutdown_engine=False)
@@ -239,24 +229,11 @@ def serve(argv: Sequence[str]) -> int:
         engine = server = None
         gc.collect()
         owner.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signals.restore()
         if ns.uds:
             with contextlib.suppress(OSError):
                 os.unlink(ns.uds)
     return code
-
-
-def _bind_failure(host: str, port: int, uds: str | None, exc: OSError) -> str:
-    if uds:
-        return f"error: cannot listen on the Unix socket {uds}: {exc.strerror or exc}; check --uds"
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if exc.errno == errno.EADDRINUSE:
-        return (
-            f"error: port {port} is already in use ({where}): stop the process that "
-            "listens on it, or choose another port with --port (0 picks a free one)"
-        )
-    return f"error: cannot listen on {where}: {exc.strerror or exc}; check --host and --port"
 
 
 async def _build_engine(ns: argparse.Namespace) -> Any:

@@ -14,21 +14,26 @@ list kept here. Each one is in exactly one of two lists:
 An option of the installed vLLM that no rule covers is
 :func:`unclassified`; ``serve`` refuses it when it is given, and the test
 suite fails on it (the same fail-closed guard as the engine proxy's ``RULES``).
+The table's logic is shared with the SGLang adapter
+(:mod:`loopbridge_adapters.serve_cli`); the rules here are vLLM's.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
+
+from loopbridge_adapters.serve_cli import OptionTable, Refusal, given_options, option_name
 
 __all__ = [
     "ENGINE",
     "HONOURED",
     "REFUSED",
+    "TABLE",
     "Refusal",
     "engine_fields",
+    "given_options",
     "option_name",
     "refusals",
     "unclassified",
@@ -119,14 +124,6 @@ HONOURED: dict[str, str] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Refusal:
-    """An option refused for the values ``when`` accepts; ``fix`` says what to do instead."""
-
-    when: Callable[[argparse.Namespace], bool]
-    fix: str
-
-
 _ONE_SERVER = (
     "this server is one API server in the engine's process; use stock `vllm serve` for {what}"
 )
@@ -189,69 +186,24 @@ def engine_fields() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 
 
-def _options(parser: argparse.ArgumentParser) -> Iterable[argparse.Action]:
-    return parser._actions  # argparse's documented-by-use list of every option
+#: The table ``serve`` checks a command line against.
+TABLE = OptionTable(
+    honoured=HONOURED,
+    refused=REFUSED,
+    engine_fields=engine_fields,
+    engine_rule=ENGINE,
+    release="this vLLM release",
+    stock="vllm serve",
+)
 
 
 def unclassified(parser: argparse.ArgumentParser) -> list[str]:
     """``dest`` of every option of ``parser`` in neither list, sorted."""
-    engine = engine_fields()
-    return sorted(
-        {
-            action.dest
-            for action in _options(parser)
-            if action.dest not in HONOURED
-            and action.dest not in REFUSED
-            and action.dest not in engine
-        }
-    )
-
-
-def option_name(parser: argparse.ArgumentParser, dest: str) -> str:
-    """The option's first long flag (``--api-server-count``), or its ``dest``."""
-    for action in _options(parser):
-        if action.dest == dest:
-            longs = [s for s in action.option_strings if s.startswith("--")]
-            return (longs or action.option_strings or [dest])[0]
-    return dest
+    return TABLE.unclassified(parser)
 
 
 def refusals(
     parser: argparse.ArgumentParser, ns: argparse.Namespace, given: Iterable[str]
 ) -> list[str]:
-    """One line per option in ``ns`` that ``serve`` refuses.
-
-    ``given`` holds the ``dest`` of every option the command line set: an
-    option of the installed vLLM that no rule covers is refused only then.
-    """
-    lines = [
-        f"{option_name(parser, dest)}: {rule.fix}"
-        for dest, rule in REFUSED.items()
-        if hasattr(ns, dest) and rule.when(ns)
-    ]
-    unknown = set(unclassified(parser)) & set(given)
-    lines += [
-        f"{option_name(parser, dest)}: this vLLM release's option is not known to "
-        "loopbridge, so its effect is not known to be honoured; use stock `vllm serve`"
-        for dest in sorted(unknown)
-    ]
-    return lines
-
-
-def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """``dest`` of every option ``argv`` sets, whatever its value.
-
-    Parsed once more with every default suppressed, so an option given with its
-    default value still counts as given.
-    """
-    saved = [(action, action.default, action.required) for action in _options(parser)]
-    try:
-        for action in _options(parser):
-            action.default = argparse.SUPPRESS
-            action.required = False
-        given: Any = parser.parse_args(argv)
-    finally:
-        for action, default, required in saved:
-            action.default = default
-            action.required = required
-    return set(vars(given))
+    """One line per option in ``ns`` that ``serve`` refuses (see :meth:`OptionTable.refusals`)."""
+    return TABLE.refusals(parser, ns, given)

@@ -161,3 +161,22 @@ def test_a_client_that_disconnects_aborts_its_request(paced: Manager, owner: Loo
         # The response is closed mid-stream: the client went away.
         sgl.scheduler.wait_for("aborted", "hangs-up")
         assert open_requests_after_barrier(owner, sgl.manager) == 0
+
+
+def test_api_key_is_checked_by_sglangs_own_middleware(sgl: Manager, owner: LoopThread) -> None:
+    # The app is one per process and has served before in this session, so Starlette
+    # would take no more middleware: the key check wraps it instead, and still holds.
+    p = tokenizer_manager_proxy(sgl.manager, loop=owner.loop)
+    with start_sglang_server(p, api_key="sekrit") as server:
+        body = {"input_ids": [1], "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        assert httpx.post(f"{server.url}/generate", json=body, timeout=30).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        r = httpx.post(f"{server.url}/generate", json=body, headers=wrong, timeout=30)
+        assert r.status_code == 401
+        good = {"Authorization": "Bearer sekrit"}
+        r = httpx.post(f"{server.url}/generate", json=body, headers=good, timeout=30)
+        assert r.status_code == 200 and r.json()["output_ids"] == [100, 101]
+    # Without a key the same app answers everyone again.
+    with start_sglang_server(p) as server:
+        assert httpx.post(f"{server.url}/generate", json=body, timeout=30).status_code == 200

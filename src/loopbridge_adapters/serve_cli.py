@@ -1,0 +1,243 @@
+"""What an adapter's ``serve`` command shares, whichever engine: the option table, signals.
+
+An adapter's ``python -m loopbridge_<engine> serve`` takes the installed engine's own
+server options (from the engine's own parser, never from a list kept by loopbridge)
+and classifies each one with an :class:`OptionTable`:
+
+- **honoured**: the option has the effect it has with the engine's stock server. An
+  engine-configuration field is honoured through the engine (``engine_rule``), unless
+  a rule says otherwise; every other option has a rule in ``honoured`` naming who acts
+  on it.
+- **refused**: a :class:`Refusal` says for which values, and what to do instead. The
+  command then exits at once with status 2 and one line per refused option.
+
+An option no rule covers is *unclassified*: refused when given, and each adapter's
+tests fail on it (fail-closed, as the proxies' member tables are).
+
+:class:`StopSignals` and :func:`serve_until_stopped` are the main thread's part of a
+``serve`` command: SIGINT and SIGTERM only set an event; the command stops the server,
+then the engine, then the owner loop, in that order.
+
+Built on the standard library only; imports no engine and no adapter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from types import FrameType, TracebackType
+from typing import Any, Protocol
+
+__all__ = [
+    "OptionTable",
+    "Refusal",
+    "StopSignals",
+    "UsageError",
+    "bind_failure",
+    "given_options",
+    "option_name",
+    "report_usage_error",
+    "serve_until_stopped",
+]
+
+
+class UsageError(Exception):
+    """A command line ``serve`` refuses: exit status 2, one line per problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """An option refused for the values ``when`` accepts; ``fix`` says what to do instead."""
+
+    when: Callable[[argparse.Namespace], bool]
+    fix: str
+
+
+def _options(parser: argparse.ArgumentParser) -> Iterable[argparse.Action]:
+    return parser._actions  # argparse's documented-by-use list of every option
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionTable:
+    """Every option of an engine's server parser, honoured or refused.
+
+    ``engine_fields`` names the options honoured through the engine's configuration
+    (``engine_rule``) unless ``honoured`` or ``refused`` has a rule for them.
+    ``release`` and ``stock`` name the engine and its stock server in messages.
+    """
+
+    honoured: Mapping[str, str]
+    refused: Mapping[str, Refusal]
+    engine_fields: Callable[[], frozenset[str]]
+    engine_rule: str
+    release: str  # "this vLLM release"
+    stock: str  # "vllm serve"
+
+    def rule(self, dest: str) -> str | Refusal | None:
+        """Who honours ``dest``, or its :class:`Refusal`; None if unclassified."""
+        if dest in self.refused:
+            return self.refused[dest]
+        if dest in self.honoured:
+            return self.honoured[dest]
+        if dest in self.engine_fields():
+            return self.engine_rule
+        return None
+
+    def unclassified(self, parser: argparse.ArgumentParser) -> list[str]:
+        """``dest`` of every option of ``parser`` no rule covers, sorted."""
+        engine = self.engine_fields()
+        return sorted(
+            {
+                action.dest
+                for action in _options(parser)
+                if action.dest not in self.honoured
+                and action.dest not in self.refused
+                and action.dest not in engine
+            }
+        )
+
+    def listing(self, parser: argparse.ArgumentParser) -> list[str]:
+        """One line per option of ``parser``: its flag, then how it is classified."""
+        lines = []
+        for action in _options(parser):
+            rule = self.rule(action.dest)
+            if isinstance(rule, Refusal):
+                text = f"refused: {rule.fix}"
+            elif rule is None:
+                text = "UNCLASSIFIED: refused when given"
+            else:
+                text = f"honoured: {rule}"
+            lines.append(f"{option_name(parser, action.dest)}\t{text}")
+        return lines
+
+    def refusals(
+        self, parser: argparse.ArgumentParser, ns: argparse.Namespace, given: Iterable[str]
+    ) -> list[str]:
+        """One line per option in ``ns`` that ``serve`` refuses.
+
+        ``given`` holds the ``dest`` of every option the command line set: an
+        unclassified option is refused only then (its default is stock's own).
+        """
+        lines = [
+            f"{option_name(parser, dest)}: {rule.fix}"
+            for dest, rule in self.refused.items()
+            if hasattr(ns, dest) and rule.when(ns)
+        ]
+        unknown = set(self.unclassified(parser)) & set(given)
+        lines += [
+            f"{option_name(parser, dest)}: {self.release}'s option is not known to "
+            "loopbridge, so its effect is not known to be honoured; use stock "
+            f"`{self.stock}`"
+            for dest in sorted(unknown)
+        ]
+        return lines
+
+
+def option_name(parser: argparse.ArgumentParser, dest: str) -> str:
+    """The option's first long flag (``--api-server-count``), or its ``dest``."""
+    for action in _options(parser):
+        if action.dest == dest:
+            longs = [s for s in action.option_strings if s.startswith("--")]
+            return (longs or action.option_strings or [dest])[0]
+    return dest
+
+
+def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """``dest`` of every option ``argv`` sets, whatever its value.
+
+    Parsed once more with every default suppressed, so an option given with its
+    default value still counts as given.
+    """
+    saved = [(action, action.default, action.required) for action in _options(parser)]
+    try:
+        for action in _options(parser):
+            action.default = argparse.SUPPRESS
+            action.required = False
+        given: Any = parser.parse_args(argv)
+    finally:
+        for action, default, required in saved:
+            action.default = default
+            action.required = required
+    return set(vars(given))
+
+
+def report_usage_error(exc: UsageError) -> int:
+    """Print each problem as one ``error:`` line on stderr; the exit status (2)."""
+    for line in str(exc).splitlines():
+        print(f"error: {line}", file=sys.stderr, flush=True)
+    return 2
+
+
+def bind_failure(host: str, port: int, uds: str | None, exc: OSError) -> str:
+    """The one line to print when the listening socket cannot be bound."""
+    if uds:
+        return f"error: cannot listen on the Unix socket {uds}: {exc.strerror or exc}; check --uds"
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"error: port {port} is already in use ({where}): stop the process that "
+            "listens on it, or choose another port with --port (0 picks a free one)"
+        )
+    return f"error: cannot listen on {where}: {exc.strerror or exc}; check --host and --port"
+
+
+class StopSignals:
+    """Once installed (or entered): the given signals (default SIGINT, SIGTERM) set
+    :attr:`stop`.
+
+    Signals are the main thread's business: neither an owner loop nor a server thread
+    installs handlers. The previous handlers come back on exit.
+    """
+
+    def __init__(self, *signals: signal.Signals) -> None:
+        self.stop = threading.Event()
+        self.received: signal.Signals | None = None
+        self._signals = signals or (signal.SIGINT, signal.SIGTERM)
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum)
+        self.stop.set()
+
+    def install(self) -> StopSignals:
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in self._signals}
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def __enter__(self) -> StopSignals:
+        return self.install()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.restore()
+
+
+class _Serving(Protocol):
+    @property
+    def thread(self) -> threading.Thread: ...
+
+    @property
+    def exit_reason(self) -> Any: ...
+
+
+def serve_until_stopped(stop: threading.Event, server: _Serving, poll: float = 0.2) -> int:
+    """Wait until ``stop`` is set (status 0) or the server stops by itself (status 1)."""
+    while not stop.wait(poll):
+        if not server.thread.is_alive():
+            reason = server.exit_reason.value if server.exit_reason else "unknown"
+            print(f"server stopped by itself ({reason})", flush=True)
+            return 1
+    return 0

@@ -1,0 +1,251 @@
+"""Command line: ``python -m loopbridge_sglang serve [options] -- SGLANG_SERVER_OPTIONS``.
+
+``serve`` launches SGLang's engine (its scheduler and detokenizer processes, from the
+server arguments SGLang's own ``prepare_server_args`` builds) with the
+``TokenizerManager`` on a dedicated owner-loop thread, and serves SGLang's own HTTP
+app from a second thread through the loop-safe proxy (:func:`start_sglang_server`).
+The options after ``--`` are a ``python -m sglang.launch_server`` command line; each
+is honoured or refused (:mod:`loopbridge_sglang._serve_options`; ``--list-options``
+prints the table). The main thread only handles signals: SIGINT or SIGTERM stops the
+server first, then the engine's processes, then the owner loop (SIGQUIT, which
+SGLang's watchdog sends when a subprocess dies, does the same with status 1). The
+first line on stdout is ``serving on http://HOST:PORT`` (the actual port when
+``--port 0``).
+
+``--cpu-standin`` runs on a machine without SGLang's scheduler (CPU, tests, demos):
+the real ``TokenizerManager`` against the stand-in scheduler process of
+:mod:`loopbridge_sglang.cpu_manager`, with ``--skip-tokenizer-init --device cpu``.
+
+``bench`` runs the latency benchmark against stock SGLang
+(:mod:`loopbridge_sglang.bench`, same as ``python -m loopbridge_sglang.bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from loopbridge_adapters.serve_cli import (
+    StopSignals,
+    UsageError,
+    bind_failure,
+    report_usage_error,
+    serve_until_stopped,
+)
+
+_SUBCOMMANDS = ("serve", "bench")
+_DEFAULT_HOST = "127.0.0.1"
+_DEFAULT_PORT = 30000  # stock SGLang's
+_DEFAULT_GRACE = 5.0
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loopbridge_sglang serve",
+        description="Serve SGLang's HTTP app from a thread, with its TokenizerManager on "
+        "its own loop.",
+        epilog="Options after '--' go to SGLang's server parser "
+        "(python -m sglang.launch_server), starting with --model-path.",
+    )
+    # None: not given here (then `-- --host/--port` may give it, not both).
+    parser.add_argument("--host", default=None, help=f"default: {_DEFAULT_HOST}")
+    parser.add_argument(
+        "--port", type=int, default=None, help=f"0 picks a free port (default: {_DEFAULT_PORT})"
+    )
+    parser.add_argument(
+        "--cpu-standin",
+        action="store_true",
+        help="run on CPU against the stand-in scheduler (loopbridge_sglang.cpu_manager)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=_DEFAULT_GRACE,
+        help="drain time on shutdown (s) before running requests are aborted "
+        "(default: %(default)s)",
+    )
+    parser.add_argument("--uvloop", action="store_true", help="use uvloop for the owner loop")
+    parser.add_argument(
+        "--no-server-uvloop",
+        dest="server_uvloop",
+        action="store_false",
+        help="run the HTTP server's loop on asyncio instead of uvloop (default: uvloop, "
+        "as SGLang's own server)",
+    )
+    parser.add_argument(
+        "--list-options",
+        action="store_true",
+        help="print every SGLang server option with how serve treats it, and exit",
+    )
+    return parser
+
+
+@dataclasses.dataclass
+class _Plan:
+    server_args: Any  # SGLang's ServerArgs, from its own prepare_server_args
+    host: str
+    port: int
+
+
+def _plan(opts: argparse.Namespace, sglang_argv: list[str]) -> _Plan:
+    """SGLang's server arguments and where to listen; :class:`UsageError` if refused."""
+    from loopbridge_sglang._serve_options import given_options, refusals, server_parser
+
+    parser = server_parser()
+    given = given_options(server_parser(), sglang_argv)
+    ns = parser.parse_args(sglang_argv)  # a malformed line: argparse's message, status 2
+    # One source of truth for each setting: given twice is an error, not a choice.
+    problems = [
+        f"{flag} is given before and after '--'; give it once"
+        for flag, dest in (("--host", "host"), ("--port", "port"))
+        if getattr(opts, dest) is not None and dest in given
+    ]
+    problems += refusals(parser, ns, given)
+    if problems:
+        raise UsageError("\n".join(problems))
+    host = ns.host if "host" in given else (opts.host or _DEFAULT_HOST)
+    port = ns.port if "port" in given else (_DEFAULT_PORT if opts.port is None else opts.port)
+    from sglang.srt.server_args import prepare_server_args
+
+    with _sglang_check():  # SGLang's own parse, config-file merge, ServerArgs.__post_init__
+        server_args = prepare_server_args(sglang_argv)
+    return _Plan(server_args, host, port)
+
+
+@contextlib.contextmanager
+def _sglang_check() -> Iterator[None]:
+    """SGLang's refusal of its arguments as a :class:`UsageError` (one line)."""
+    try:
+        yield
+    except (ValueError, TypeError, KeyError, AssertionError) as exc:
+        message = str(exc.args[0] if exc.args else exc)
+        raise UsageError(message.splitlines()[0] if message else type(exc).__name__) from exc
+
+
+def _resolve(server_args: Any, host: str, port: int) -> None:
+    """Where the server listens, then SGLang's launcher's own resolution and checks.
+
+    Run here, before the engine starts, so a refusal is one line and status 2 (the
+    launcher's own calls then find the record resolved and checked).
+    """
+    # The published configuration tells the truth (server_args.url(), /server_info).
+    server_args.host, server_args.port = host, port
+    with _sglang_check():
+        server_args.resolve_once()
+        server_args.check_server_args()
+
+
+def serve(argv: Sequence[str]) -> int:
+    argv = list(argv)
+    sglang_argv: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, sglang_argv = argv[:cut], argv[cut + 1 :]
+    opts = _serve_parser().parse_args(argv)
+    if opts.list_options:
+        from loopbridge_sglang._serve_options import TABLE, server_parser
+
+        print("\n".join(TABLE.listing(server_parser())))
+        return 0
+    if opts.cpu_standin:
+        sglang_argv = ["--skip-tokenizer-init", "--device", "cpu", *sglang_argv]
+    try:
+        plan = _plan(opts, sglang_argv)
+    except UsageError as exc:
+        return report_usage_error(exc)
+
+    from loopbridge_adapters.http import bind
+
+    # Bind before the engine starts: a busy port is known in milliseconds, not after
+    # the model is loaded.
+    try:
+        sock = bind(plan.host, plan.port)
+    except OSError as exc:
+        print(bind_failure(plan.host, plan.port, None, exc), file=sys.stderr, flush=True)
+        return 1
+    server_args = plan.server_args
+    try:
+        _resolve(server_args, plan.host, int(sock.getsockname()[1]))
+    except UsageError as exc:
+        sock.close()
+        return report_usage_error(exc)
+
+    from sglang.srt.utils.common import set_uvicorn_logging_configs
+
+    from loopbridge import LoopThread
+    from loopbridge_sglang import start_sglang_server, tokenizer_manager_proxy
+    from loopbridge_sglang._launch import launch
+
+    # SIGQUIT: SGLang's subprocess watchdog reports a dead scheduler or detokenizer.
+    signals = StopSignals(signal.SIGINT, signal.SIGTERM, signal.SIGQUIT).install()
+    owner = LoopThread("loopbridge-sglang-owner", use_uvloop=opts.uvloop).start()
+    engine: Any = None
+    server: Any = None
+    code = 1
+    try:
+        engine = owner.run(launch, server_args, opts.cpu_standin)
+        if signals.stop.is_set():  # asked to stop while the engine started
+            code = 0
+        else:
+            set_uvicorn_logging_configs(server_args)  # as launch_server: formats, filters
+            server = start_sglang_server(
+                tokenizer_manager_proxy(engine.manager, loop=owner.loop),
+                sock=sock,
+                grace=opts.grace,
+                log_level=server_args.log_level_http or server_args.log_level,
+                use_uvloop=opts.server_uvloop,
+                template_manager=engine.template_manager,
+                scheduler_info=engine.scheduler_info,
+                root_path=server_args.fastapi_root_path or "",
+                access_log=True,  # uvicorn's default, as stock: on at log level info
+                api_key=server_args.api_key,
+                admin_api_key=server_args.admin_api_key,
+            )
+            print(f"serving on {server.url}", flush=True)
+            code = serve_until_stopped(signals.stop, server)
+        if signals.received is signal.SIGQUIT:
+            print("an SGLang subprocess died (SIGQUIT from its watchdog)", flush=True)
+            code = 1
+    finally:
+        if server is not None:
+            server.stop()
+            print("server stopped", flush=True)
+        else:
+            sock.close()
+        if engine is not None:
+            engine.shutdown(owner)
+            print("engine stopped", flush=True)
+        engine = server = None
+        gc.collect()
+        owner.stop()
+        signals.restore()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        print("subcommands: " + ", ".join(_SUBCOMMANDS))
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "serve":
+        return serve(rest)
+    if command == "bench":  # the same as python -m loopbridge_sglang.bench
+        from loopbridge_sglang.bench import main as bench
+
+        bench(rest)
+        return 0
+    known = ", ".join(_SUBCOMMANDS)
+    print(f"unknown subcommand {command!r} (known: {known})", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
