@@ -2,6 +2,8 @@
 
 * :mod:`loopbridge_adapters.bench.load` - the HTTP load generator, in a process of its
   own: closed-loop workers or open-loop arrivals, OpenAI's and SGLang's native APIs;
+* :mod:`loopbridge_adapters.bench.args` - the load options both benchmarks share
+  (requests, concurrency, lengths, streaming, rounds) and their ``--quick`` defaults;
 * :mod:`loopbridge_adapters.bench.summary` - percentiles, rows per scenario and mode,
   ratios between modes of one run;
 * :mod:`loopbridge_adapters.bench.console` - the report to the terminal, every log to

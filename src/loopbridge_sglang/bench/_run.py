@@ -23,6 +23,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from loopbridge_adapters.bench.args import (
+    add_load_options,
+    add_round_options,
+    requests_for,
+    resolve_load_defaults,
+)
 from loopbridge_adapters.bench.console import Console
 from loopbridge_adapters.bench.load import Job, LoadProcess
 from loopbridge_adapters.bench.summary import scenario_key, summarize
@@ -37,18 +43,6 @@ BASELINES = ("stock",)
 _ENDPOINT = "generate"
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m loopbridge_sglang.bench",
@@ -60,32 +54,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "through its proxy), interleaved in one run."
         ),
     )
-    ap.add_argument(
-        "--quick", action="store_true", help="a tiny run (smoke test): few requests, one round"
-    )
-    ap.add_argument(
-        "--requests",
-        type=int,
-        default=None,
-        help="requests per mode, scenario and round (default 8 per worker, 16 to 128)",
-    )
-    ap.add_argument(
-        "--concurrency", type=_ints, default=None, help="comma-separated (default 1,16,64)"
-    )
-    ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
-    ap.add_argument(
-        "--output-len", type=int, default=32, help="output tokens per request (default 32)"
-    )
-    ap.add_argument(
-        "--stream",
-        choices=("both", "on", "off"),
-        default="both",
-        help="streaming requests, non-streaming ones, or both as separate scenarios (default)",
-    )
-    ap.add_argument("--rounds", type=int, default=None, help="measured rounds (default 3)")
-    ap.add_argument(
-        "--warmup-rounds", type=int, default=None, help="unmeasured rounds first (default 1)"
-    )
+    add_load_options(ap)
+    add_round_options(ap, warmup_default=None, warmup_help="unmeasured rounds first (default 1)")
     ap.add_argument(
         "--step-ms",
         type=float,
@@ -114,17 +84,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    resolve_load_defaults(args, quick_concurrency=[1, 4])
     q = args.quick
-    if args.concurrency is None:
-        args.concurrency = [1, 4] if q else [1, 16, 64]
-    if args.rounds is None:
-        args.rounds = 1 if q else 3
     if args.warmup_rounds is None:
         args.warmup_rounds = 0 if q else 1
     if args.step_ms is None:
         args.step_ms = 1.0 if q else 5.0
-    if args.requests is None and q:
-        args.requests = 8
     if q:
         args.output_len = min(args.output_len, 8)
     for name, low in (
@@ -143,13 +108,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--prompt-len + --output-len must stay below the tiny model's 2048 positions")
     args.argv = list(argv if argv is not None else sys.argv[1:])
     return args
-
-
-def requests_for(args: argparse.Namespace, c: int, warmup: bool) -> int:
-    """Requests per job: ``--requests``, or 8 per worker within 16..128 (as the vLLM
-    benchmark); a warm-up job a quarter of that, at least one per worker."""
-    n: int = args.requests if args.requests is not None else max(16, min(128, 8 * c))
-    return min(n, max(c, n // 4)) if warmup else n
 
 
 def _streams(args: argparse.Namespace) -> list[bool]:

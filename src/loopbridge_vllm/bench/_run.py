@@ -14,6 +14,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loopbridge_adapters.bench.args import (
+    add_load_options,
+    add_round_options,
+    requests_for,
+    resolve_load_defaults,
+)
 from loopbridge_adapters.bench.console import Console, tail
 from loopbridge_adapters.bench.load import (
     ID_TOKENS,
@@ -50,18 +56,6 @@ KV_TOLERANCE = 0.01
 DEFAULT_BLOCK_SIZE = 16
 
 __all__ = ["main", "parse_args", "run"]
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
 
 
 def _modes(text: str) -> list[str]:
@@ -106,28 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "A short correctness phase (the race made certain) runs first."
         ),
     )
-    ap.add_argument(
-        "--quick", action="store_true", help="a tiny run (smoke test): few requests, one round"
-    )
-    ap.add_argument(
-        "--requests",
-        type=int,
-        default=None,
-        help="requests per mode, scenario and round (default 8 per worker, 16 to 128)",
-    )
-    ap.add_argument(
-        "--concurrency", type=_ints, default=None, help="comma-separated (default 1,16,64)"
-    )
-    ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
-    ap.add_argument(
-        "--output-len", type=int, default=32, help="output tokens per request (default 32)"
-    )
-    ap.add_argument(
-        "--stream",
-        choices=("both", "on", "off"),
-        default="both",
-        help="streaming requests, non-streaming ones, or both as separate scenarios (default)",
-    )
+    add_load_options(ap)
     ap.add_argument(
         "--no-stream", dest="stream", action="store_const", const="off", help="= --stream off"
     )
@@ -165,8 +138,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="vLLM prefix caching on every engine (default auto: on only with --shared-prefix)",
     )
-    ap.add_argument("--rounds", type=int, default=None, help="measured rounds (default 3)")
-    ap.add_argument("--warmup-rounds", type=int, default=1, help="discarded rounds (default 1)")
+    add_round_options(ap, warmup_default=1, warmup_help="discarded rounds (default 1)")
     ap.add_argument("--modes", type=_modes, default=list(MODES), help=f"default {','.join(MODES)}")
     ap.add_argument(
         "--busy",
@@ -289,15 +261,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    q = args.quick
-    if args.concurrency is None:
-        args.concurrency = [4] if q else [1, 16, 64]
-    if args.rounds is None:
-        args.rounds = 1 if q else 3
+    resolve_load_defaults(args, quick_concurrency=[4])
     if args.step_ms is None:
-        args.step_ms = 1.0 if q else 5.0
-    if args.requests is None and q:
-        args.requests = 8
+        args.step_ms = 1.0 if args.quick else 5.0
     for name in (
         "rounds",
         "prompt_len",
@@ -411,15 +377,6 @@ def prefix_caching(args: argparse.Namespace) -> bool:
     return bool(
         args.prefix_caching == "on" or (args.prefix_caching == "auto" and args.shared_prefix > 0)
     )
-
-
-def requests_for(args: argparse.Namespace, c: int, warmup: bool) -> int:
-    """Requests per job: ``--requests``, or 8 per worker within 16..128.
-
-    A warm-up job only needs every connection and code path used once or twice.
-    """
-    n: int = args.requests if args.requests is not None else max(16, min(128, 8 * c))
-    return min(n, max(c, n // 4)) if warmup else n
 
 
 @dataclass(frozen=True)
