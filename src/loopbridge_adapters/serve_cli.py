@@ -18,6 +18,9 @@ tests fail on it (fail-closed, as the proxies' member tables are).
 ``serve`` command: SIGINT and SIGTERM only set an event; the command stops the server,
 then the engine, then the owner loop, in that order.
 
+:func:`run_subcommand` is ``python -m loopbridge_<engine>``'s dispatch: help, ``serve``,
+subcommands delegated to another module's ``main``, and the exit status of each.
+
 Built on the standard library only; imports no engine and no adapter.
 """
 
@@ -26,10 +29,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import importlib
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Protocol
 
@@ -42,6 +46,7 @@ __all__ = [
     "given_options",
     "option_name",
     "report_usage_error",
+    "run_subcommand",
     "serve_until_stopped",
 ]
 
@@ -241,3 +246,42 @@ def serve_until_stopped(stop: threading.Event, server: _Serving, poll: float = 0
             print(f"server stopped by itself ({reason})", flush=True)
             return 1
     return 0
+
+
+def run_subcommand(
+    argv: Sequence[str],
+    doc: str | None,
+    serve: Callable[[list[str]], int],
+    delegated: Mapping[str, str],
+) -> int:
+    """Run ``python -m loopbridge_<engine> SUBCOMMAND ...``; return the exit status.
+
+    No arguments, ``-h`` or ``--help`` print ``doc`` and the subcommands (status 2 when
+    nothing was given, 0 when help was asked for). ``serve`` gets the rest of the
+    command line; a ``delegated`` subcommand names a module whose ``main(argv)`` runs
+    it (status 0 unless that returns an int), and one whose module is not installed is
+    reported as unavailable rather than as a traceback.
+    """
+    args = list(argv)
+    subcommands = ("serve", *delegated)
+    if not args or args[0] in ("-h", "--help"):
+        print(doc)
+        print("subcommands: " + ", ".join(subcommands))
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "serve":
+        return serve(rest)
+    target = delegated.get(command)
+    if target is None:
+        known = ", ".join(subcommands)
+        print(f"unknown subcommand {command!r} (known: {known})", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name != target:
+            raise
+        print(f"subcommand {command!r} is not available in this installation", file=sys.stderr)
+        return 2
+    result = module.main(rest)
+    return result if isinstance(result, int) else 0

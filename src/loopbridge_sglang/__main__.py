@@ -36,10 +36,12 @@ from loopbridge_adapters.serve_cli import (
     UsageError,
     bind_failure,
     report_usage_error,
+    run_subcommand,
     serve_until_stopped,
 )
 
-_SUBCOMMANDS = ("serve", "bench")
+# Subcommands implemented in other modules: name -> module with main(argv).
+_DELEGATED = {"bench": "loopbridge_sglang.bench"}
 _DEFAULT_HOST = "127.0.0.1"
 _DEFAULT_PORT = 30000  # stock SGLang's
 _DEFAULT_GRACE = 5.0
@@ -229,22 +231,7 @@ def serve(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(__doc__)
-        print("subcommands: " + ", ".join(_SUBCOMMANDS))
-        return 0 if args else 2
-    command, rest = args[0], args[1:]
-    if command == "serve":
-        return serve(rest)
-    if command == "bench":  # the same as python -m loopbridge_sglang.bench
-        from loopbridge_sglang.bench import main as bench
-
-        bench(rest)
-        return 0
-    known = ", ".join(_SUBCOMMANDS)
-    print(f"unknown subcommand {command!r} (known: {known})", file=sys.stderr)
-    return 2
+    return run_subcommand(sys.argv[1:] if argv is None else argv, __doc__, serve, _DELEGATED)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -31,13 +30,13 @@ from loopbridge_adapters.serve_cli import (
     UsageError,
     bind_failure,
     report_usage_error,
+    run_subcommand,
     serve_until_stopped,
 )
 from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
 
 # Subcommands implemented in other modules: name -> module with main(argv).
 _DELEGATED = {"bench": "loopbridge_vllm.bench"}
-_SUBCOMMANDS = ("serve", *_DELEGATED)
 
 _DEFAULT_HOST = "127.0.0.1"
 _DEFAULT_PORT = 8000
@@ -261,28 +260,7 @@ async def _build_engine(ns: argparse.Namespace) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(__doc__)
-        print("subcommands: " + ", ".join(_SUBCOMMANDS))
-        return 0 if args else 2
-    command, rest = args[0], args[1:]
-    if command == "serve":
-        return serve(rest)
-    target = _DELEGATED.get(command)
-    if target is None:
-        known = ", ".join(_SUBCOMMANDS)
-        print(f"unknown subcommand {command!r} (known: {known})", file=sys.stderr)
-        return 2
-    try:
-        module = importlib.import_module(target)
-    except ModuleNotFoundError as exc:
-        if exc.name != target:
-            raise
-        print(f"subcommand {command!r} is not available in this installation", file=sys.stderr)
-        return 2
-    result = module.main(rest)
-    return result if isinstance(result, int) else 0
+    return run_subcommand(sys.argv[1:] if argv is None else argv, __doc__, serve, _DELEGATED)
 
 
 if __name__ == "__main__":
