@@ -7,6 +7,9 @@ samples as :class:`~loopbridge_adapters.bench.load.Sample` dicts.  Invariants:
 warm-up records never count; a ratio compares two modes of one scenario (rounds
 interleave the modes, so drift hits both); a ratio against a baseline below
 :data:`RATIO_FLOOR` or against no data is NaN, never a number.
+
+A target check is ``{"scenario", "what", "value", "met"}``; a target whose ratio is
+NaN is not checked (no row), never counted as met.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from typing import Any
 __all__ = [
     "COMPARED",
     "RATIO_FLOOR",
+    "STOCK_TARGETS",
+    "Target",
+    "check_targets",
+    "errors_check",
     "ms",
     "percentile",
     "ratio",
@@ -199,3 +206,40 @@ def times(x: float | None) -> str:
 
 def three(r: dict[str, Any], name: str) -> str:
     return " / ".join(ms(r[f"{name}_{q}"]) for q in ("p50", "p99", "max"))
+
+
+#: A target on a ratio: ``(what, row key, limit, at least (else at most), streaming only)``.
+Target = tuple[str, str, float, bool, bool]
+
+#: loopbridge against the engine's stock server: TTFT (streaming only; without streaming
+#: TTFT is the response, which the e2e targets cover) and e2e p50 and p99 within 1.05x,
+#: request rate at least 0.98x.
+STOCK_TARGETS: tuple[Target, ...] = (
+    ("TTFT p50 ≤ 1.05x stock", "ttft_p50_vs_stock", 1.05, False, True),
+    ("TTFT p99 ≤ 1.05x stock", "ttft_p99_vs_stock", 1.05, False, True),
+    ("e2e p50 ≤ 1.05x stock", "e2e_p50_vs_stock", 1.05, False, False),
+    ("e2e p99 ≤ 1.05x stock", "p99_vs_stock", 1.05, False, False),
+    ("req/s ≥ 0.98x stock", "rate_vs_stock", 0.98, True, False),
+)
+
+
+def check_targets(r: dict[str, Any], targets: Sequence[Target]) -> list[dict[str, Any]]:
+    """Row ``r``'s checks of ``targets``, in their order; a NaN or missing ratio is skipped."""
+    out: list[dict[str, Any]] = []
+    for what, key, limit, at_least, stream_only in targets:
+        value = r.get(key, math.nan)
+        if (stream_only and not r["stream"]) or math.isnan(value):
+            continue
+        met = value >= limit if at_least else value <= limit
+        out.append({"scenario": r["scenario"], "what": what, "value": f"{value:.2f}x", "met": met})
+    return out
+
+
+def errors_check(r: dict[str, Any]) -> dict[str, Any]:
+    """Row ``r``'s "zero errors" check."""
+    return {
+        "scenario": r["scenario"],
+        "what": "zero errors",
+        "value": str(r["errors"]),
+        "met": r["errors"] == 0,
+    }

@@ -6,10 +6,16 @@ Rows come from :func:`loopbridge_adapters.bench.summary.summarize`; ratios are
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from loopbridge_adapters.bench.summary import ms, three, times
+from loopbridge_adapters.bench.summary import (
+    STOCK_TARGETS,
+    check_targets,
+    errors_check,
+    ms,
+    three,
+    times,
+)
 
 __all__ = ["markdown", "target_checks", "terminal_report"]
 
@@ -31,33 +37,9 @@ def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     within 1.05x stock, request rate at least 0.98x stock, and no errors."""
     out: list[dict[str, Any]] = []
     for r in rows:
-        if r["mode"] != "loopbridge":
-            continue
-        sc = r["scenario"]
-
-        def add(
-            what: str, key: str, limit: float, ge: bool = False, sc: str = sc, r: Any = r
-        ) -> None:
-            value = r.get(key, math.nan)
-            if math.isnan(value):
-                return
-            met = value >= limit if ge else value <= limit
-            out.append({"scenario": sc, "what": what, "value": f"{value:.2f}x", "met": met})
-
-        if r["stream"]:
-            add("TTFT p50 ≤ 1.05x stock", "ttft_p50_vs_stock", 1.05)
-            add("TTFT p99 ≤ 1.05x stock", "ttft_p99_vs_stock", 1.05)
-        add("e2e p50 ≤ 1.05x stock", "e2e_p50_vs_stock", 1.05)
-        add("e2e p99 ≤ 1.05x stock", "p99_vs_stock", 1.05)
-        add("req/s ≥ 0.98x stock", "rate_vs_stock", 0.98, ge=True)
-        out.append(
-            {
-                "scenario": sc,
-                "what": "zero errors",
-                "value": str(r["errors"]),
-                "met": r["errors"] == 0,
-            }
-        )
+        if r["mode"] == "loopbridge":
+            out += check_targets(r, STOCK_TARGETS)
+            out.append(errors_check(r))
     return out
 
 
