@@ -30,6 +30,11 @@ Invariants:
   blocked owner must not hide a dead engine, and a dead owner must be seen without
   its help. The owner is checked first: its death also ends the engine's tasks, and
   the cause, not the symptom, is the exit reason.
+* **One address.** The server listens on the socket it is given (adopted: made
+  non-blocking, TCP_NODELAY) or binds ``host:port`` itself (:meth:`_listen`; port 0:
+  a free one); :attr:`host`, :attr:`port` and :attr:`url` are the bound address
+  (``unix:PATH`` with port 0 for a Unix socket, as vLLM's launcher announces it; the
+  scheme is :meth:`_scheme`'s).
 * **The socket is closed on every path** that ends the server: a stop (before start
   too), a failed or timed-out start, a start the adapter refuses (:meth:`_claim`). A
   start refused on the owner loop keeps it: ``astart()`` may follow.
@@ -49,7 +54,7 @@ from typing import Any, ClassVar, TypeVar
 
 from loopbridge import LoopAffinityError, LoopThread
 
-from .http import ExitReason, loop_factory, thread_server_class
+from .http import ExitReason, adopt_listener, bind, loop_factory, thread_server_class
 
 __all__ = ["OWNER_STOPPED_TICKS", "ThreadedServer"]
 
@@ -65,7 +70,7 @@ class ThreadedServer(abc.ABC):
 
     Subclasses set the class attributes (their logger, start error and the
     messages that name their engine) and implement :meth:`_owner`, :meth:`_build`
-    and :meth:`_engine_exit`; they set :attr:`url` in ``__init__``.
+    and :meth:`_engine_exit`.
     """
 
     #: What start-up failures raise.
@@ -83,18 +88,32 @@ class ThreadedServer(abc.ABC):
         "requests need to finish: use `await server.aclose()` there"
     )
 
+    #: The bound address: ``host`` as given (the socket's own when adopted), the actual
+    #: port, and the URL clients use.
+    host: str
+    port: int
     url: str
 
     def __init__(
         self,
-        sock: socket.socket,
+        sock: socket.socket | None = None,
         *,
+        host: str = "127.0.0.1",
+        port: int = 0,
         grace: float,
         watchdog_interval: float,
         name: str,
         use_uvloop: bool,
     ) -> None:
-        self._sock = sock
+        self._sock = self._listen(host, port) if sock is None else adopt_listener(sock)
+        bound = self._sock.getsockname()
+        if self._sock.family == socket.AF_UNIX:
+            self.host, self.port, self.url = str(bound), 0, f"unix:{bound}"
+        else:
+            self.host = host if sock is None else str(bound[0])
+            self.port = int(bound[1])
+            shown = f"[{self.host}]" if ":" in self.host else self.host
+            self.url = f"{self._scheme()}://{shown}:{self.port}"
         self.grace = grace
         self._watchdog_interval = watchdog_interval
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -110,6 +129,14 @@ class ThreadedServer(abc.ABC):
         self._not_started = threading.Thread(name=f"{name} (not started)")
 
     # -- the engine's part ----------------------------------------------------------
+    def _listen(self, host: str, port: int) -> socket.socket:
+        """The listening socket on ``host:port`` when none is given."""
+        return bind(host, port)
+
+    def _scheme(self) -> str:
+        """The URL scheme of a TCP listener (``https`` when the app serves TLS)."""
+        return "http"
+
     @abc.abstractmethod
     def _owner(self) -> asyncio.AbstractEventLoop | None:
         """The engine's owner loop (``None``: not loop-affine, nothing to watch)."""

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
-from loopbridge_adapters.http import ExitReason, adopt_listener, bind
+from loopbridge_adapters.http import ExitReason
 from loopbridge_adapters.threaded import ThreadedServer
 
 from .manager import is_tokenizer_manager_proxy, tokenizer_manager_proxy
@@ -181,17 +181,14 @@ class SGLangServer(ThreadedServer):
         self._admin_api_key = admin_api_key
         self._health = _Health(manager, owner)
         super().__init__(
-            bind(host, port) if sock is None else adopt_listener(sock),
+            sock,
+            host=host,
+            port=port,
             grace=grace,
             watchdog_interval=watchdog_interval,
             name=name,
             use_uvloop=use_uvloop,
         )
-        bound = self._sock.getsockname()
-        self.host = host if sock is None else str(bound[0])
-        self.port = int(bound[1])
-        shown = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"http://{shown}:{self.port}"
 
     # -- the engine's part of the server thread -----------------------------------------
     def _owner(self) -> asyncio.AbstractEventLoop:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
-from loopbridge_adapters.http import ExitReason, adopt_listener, bind, bind_unix, loop_factory
+from loopbridge_adapters.http import ExitReason, bind, bind_unix, loop_factory
 from loopbridge_adapters.threaded import ThreadedServer
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
@@ -170,7 +170,6 @@ def check_serve_args(client: EngineClient, args: argparse.Namespace) -> None:
 # The shared pieces, under the names this module's callers use.
 _bind = bind
 _bind_unix = bind_unix
-_adopt_listener = adopt_listener
 
 
 def _uses_tls(args: argparse.Namespace) -> bool:
@@ -279,24 +278,20 @@ class OpenAIServer(ThreadedServer):
             raise ValueError(f"max_body_bytes must be positive or None, not {max_body_bytes!r}")
         self._max_body_bytes = max_body_bytes
         super().__init__(
-            _bind(host, port) if sock is None else _adopt_listener(sock),
+            sock,
+            host=host,
+            port=port,
             grace=grace,
             watchdog_interval=watchdog_interval,
             name=name,
             use_uvloop=use_uvloop,
         )
-        bound = self._sock.getsockname()
-        if self._sock.family == socket.AF_UNIX:
-            self.host: str = str(bound)
-            self.port: int = 0
-            self.url = f"unix:{bound}"  # as vLLM's launcher announces it
-        else:
-            host = host if sock is None else str(bound[0])
-            self.host = host
-            self.port = int(bound[1])
-            shown = f"[{host}]" if ":" in host else host
-            scheme = "https" if _uses_tls(self.args) else "http"
-            self.url = f"{scheme}://{shown}:{self.port}"
+
+    def _listen(self, host: str, port: int) -> socket.socket:
+        return _bind(host, port)  # the module's name: tests replace it
+
+    def _scheme(self) -> str:
+        return "https" if _uses_tls(self.args) else "http"
 
     # -- lifecycle (the shared one, with vLLM's defaults and engine shutdown) ---------
     def start(self, timeout: float = 120.0) -> OpenAIServer:
