@@ -18,6 +18,11 @@ tests fail on it (fail-closed, as the proxies' member tables are).
 ``serve`` command: SIGINT and SIGTERM only set an event; the command stops the server,
 then the engine, then the owner loop, in that order.
 
+:func:`add_listen_options`, :func:`listen_conflicts` and :func:`listen_on` are the
+``--host``/``--port`` a ``serve`` command takes before ``--``: the engine's own parser
+takes them after ``--`` too, and giving one in both places is an error, not a choice.
+:func:`add_loop_options` is the owner loop's and the server loop's ``--uvloop`` choice.
+
 :func:`run_subcommand` is ``python -m loopbridge_<engine>``'s dispatch: help, ``serve``,
 subcommands delegated to another module's ``main``, and the exit status of each.
 
@@ -42,8 +47,12 @@ __all__ = [
     "Refusal",
     "StopSignals",
     "UsageError",
+    "add_listen_options",
+    "add_loop_options",
     "bind_failure",
     "given_options",
+    "listen_conflicts",
+    "listen_on",
     "option_name",
     "report_usage_error",
     "run_subcommand",
@@ -169,6 +178,49 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
             action.default = default
             action.required = required
     return set(vars(given))
+
+
+def add_listen_options(
+    parser: argparse.ArgumentParser, default_host: str, default_port: int
+) -> None:
+    """``--host`` and ``--port``; ``None`` means not given before ``--``."""
+    parser.add_argument("--host", default=None, help=f"default: {default_host}")
+    parser.add_argument(
+        "--port", type=int, default=None, help=f"0 picks a free port (default: {default_port})"
+    )
+
+
+def listen_conflicts(opts: argparse.Namespace, given: set[str]) -> list[str]:
+    """One problem per listening option given both before and after ``--``."""
+    return [
+        f"{flag} is given before and after '--'; give it once"
+        for flag, dest in (("--host", "host"), ("--port", "port"))
+        if getattr(opts, dest) is not None and dest in given
+    ]
+
+
+def listen_on(
+    opts: argparse.Namespace,
+    ns: argparse.Namespace,
+    given: set[str],
+    default_host: str,
+    default_port: int,
+) -> tuple[str, int]:
+    """The host and port to bind: from after ``--``, else from before it, else the defaults."""
+    host = ns.host if "host" in given else (opts.host or default_host)
+    port = ns.port if "port" in given else (default_port if opts.port is None else opts.port)
+    return host, port
+
+
+def add_loop_options(parser: argparse.ArgumentParser, server_default: str) -> None:
+    """``--uvloop`` (the owner loop) and ``--no-server-uvloop`` (the HTTP server's loop)."""
+    parser.add_argument("--uvloop", action="store_true", help="use uvloop for the owner loop")
+    parser.add_argument(
+        "--no-server-uvloop",
+        dest="server_uvloop",
+        action="store_false",
+        help=f"run the HTTP server's loop on asyncio instead of uvloop (default: {server_default})",
+    )
 
 
 def report_usage_error(exc: UsageError) -> int:

@@ -34,7 +34,11 @@ from typing import Any
 from loopbridge_adapters.serve_cli import (
     StopSignals,
     UsageError,
+    add_listen_options,
+    add_loop_options,
     bind_failure,
+    listen_conflicts,
+    listen_on,
     report_usage_error,
     run_subcommand,
     serve_until_stopped,
@@ -55,11 +59,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         epilog="Options after '--' go to SGLang's server parser "
         "(python -m sglang.launch_server), starting with --model-path.",
     )
-    # None: not given here (then `-- --host/--port` may give it, not both).
-    parser.add_argument("--host", default=None, help=f"default: {_DEFAULT_HOST}")
-    parser.add_argument(
-        "--port", type=int, default=None, help=f"0 picks a free port (default: {_DEFAULT_PORT})"
-    )
+    add_listen_options(parser, _DEFAULT_HOST, _DEFAULT_PORT)
     parser.add_argument(
         "--cpu-standin",
         action="store_true",
@@ -72,14 +72,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="drain time on shutdown (s) before running requests are aborted "
         "(default: %(default)s)",
     )
-    parser.add_argument("--uvloop", action="store_true", help="use uvloop for the owner loop")
-    parser.add_argument(
-        "--no-server-uvloop",
-        dest="server_uvloop",
-        action="store_false",
-        help="run the HTTP server's loop on asyncio instead of uvloop (default: uvloop, "
-        "as SGLang's own server)",
-    )
+    add_loop_options(parser, "uvloop, as SGLang's own server")
     parser.add_argument(
         "--list-options",
         action="store_true",
@@ -103,16 +96,11 @@ def _plan(opts: argparse.Namespace, sglang_argv: list[str]) -> _Plan:
     given = given_options(server_parser(), sglang_argv)
     ns = parser.parse_args(sglang_argv)  # a malformed line: argparse's message, status 2
     # One source of truth for each setting: given twice is an error, not a choice.
-    problems = [
-        f"{flag} is given before and after '--'; give it once"
-        for flag, dest in (("--host", "host"), ("--port", "port"))
-        if getattr(opts, dest) is not None and dest in given
-    ]
+    problems = listen_conflicts(opts, given)
     problems += refusals(parser, ns, given)
     if problems:
         raise UsageError("\n".join(problems))
-    host = ns.host if "host" in given else (opts.host or _DEFAULT_HOST)
-    port = ns.port if "port" in given else (_DEFAULT_PORT if opts.port is None else opts.port)
+    host, port = listen_on(opts, ns, given, _DEFAULT_HOST, _DEFAULT_PORT)
     from sglang.srt.server_args import prepare_server_args
 
     with _sglang_check():  # SGLang's own parse, config-file merge, ServerArgs.__post_init__

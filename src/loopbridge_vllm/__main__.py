@@ -28,7 +28,11 @@ from typing import Any
 from loopbridge_adapters.serve_cli import (
     StopSignals,
     UsageError,
+    add_listen_options,
+    add_loop_options,
     bind_failure,
+    listen_conflicts,
+    listen_on,
     report_usage_error,
     run_subcommand,
     serve_until_stopped,
@@ -50,11 +54,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         epilog="Options after '--' go to vLLM's `vllm serve` parser (engine and frontend).",
     )
     parser.add_argument("model", help="model path or name")
-    # None: not given here (then `-- --host/--port` may give it, not both).
-    parser.add_argument("--host", default=None, help=f"default: {_DEFAULT_HOST}")
-    parser.add_argument(
-        "--port", type=int, default=None, help=f"0 picks a free port (default: {_DEFAULT_PORT})"
-    )
+    add_listen_options(parser, _DEFAULT_HOST, _DEFAULT_PORT)
     parser.add_argument(
         "--cpu-standin",
         action="store_true",
@@ -66,13 +66,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"drain time on shutdown (s), like vLLM's --shutdown-timeout (default: {_DEFAULT_GRACE})",
     )
-    parser.add_argument("--uvloop", action="store_true", help="use uvloop for the owner loop")
-    parser.add_argument(
-        "--no-server-uvloop",
-        dest="server_uvloop",
-        action="store_false",
-        help="run the HTTP server's loop on asyncio instead of uvloop (default: uvloop if installed)",
-    )
+    add_loop_options(parser, "uvloop if installed")
     parser.add_argument(
         "--max-body-bytes",
         type=int,
@@ -110,11 +104,7 @@ def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
     given = given_options(_make_parser(), vllm_argv)
     ns = parser.parse_args(["--model", opts.model, *vllm_argv])
     # One source of truth for each setting: given twice is an error, not a choice.
-    problems = [
-        f"{flag} is given before and after '--'; give it once"
-        for flag, dest in (("--host", "host"), ("--port", "port"))
-        if getattr(opts, dest) is not None and dest in given
-    ]
+    problems = listen_conflicts(opts, given)
     for dest in ("model_tag", "model"):
         if dest in given:
             problems.append(
@@ -138,8 +128,7 @@ def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
     except (ValueError, TypeError, KeyError) as exc:
         message = str(exc.args[0] if exc.args else exc)
         raise UsageError(message.removeprefix("Error: ")) from exc
-    host = ns.host if "host" in given else (opts.host or _DEFAULT_HOST)
-    port = ns.port if "port" in given else (_DEFAULT_PORT if opts.port is None else opts.port)
+    host, port = listen_on(opts, ns, given, _DEFAULT_HOST, _DEFAULT_PORT)
     ns.host, ns.port = host, port  # the namespace the app sees tells the truth
     if opts.grace is not None:
         grace = opts.grace
