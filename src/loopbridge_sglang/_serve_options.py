@@ -88,6 +88,9 @@ def _stock(what: str) -> str:
     return f"{what}; use stock `{_STOCK}` for that"
 
 
+_NO_TLS = f"this server speaks plain HTTP: terminate TLS in a proxy in front of it, or use stock `{_STOCK}`"
+
+
 #: ``dest`` -> when it is refused, and what to do instead.
 REFUSED: dict[str, Refusal] = {
     "tokenizer_worker_num": Refusal(
@@ -114,13 +117,11 @@ REFUSED: dict[str, Refusal] = {
     ),
     "ssl_keyfile": Refusal(
         lambda ns: ns.ssl_keyfile is not None,
-        "this server speaks plain HTTP: terminate TLS in a proxy in front of it, "
-        f"or use stock `{_STOCK}`",
+        _NO_TLS,
     ),
     "ssl_certfile": Refusal(
         lambda ns: ns.ssl_certfile is not None,
-        "this server speaks plain HTTP: terminate TLS in a proxy in front of it, "
-        f"or use stock `{_STOCK}`",
+        _NO_TLS,
     ),
     "ssl_ca_certs": Refusal(
         lambda ns: ns.ssl_ca_certs is not None,
@@ -129,13 +130,11 @@ REFUSED: dict[str, Refusal] = {
     ),
     "ssl_keyfile_password": Refusal(
         lambda ns: ns.ssl_keyfile_password is not None,
-        "this server speaks plain HTTP: terminate TLS in a proxy in front of it, "
-        f"or use stock `{_STOCK}`",
+        _NO_TLS,
     ),
     "enable_ssl_refresh": Refusal(
         lambda ns: bool(ns.enable_ssl_refresh),
-        "this server speaks plain HTTP: terminate TLS in a proxy in front of it, "
-        f"or use stock `{_STOCK}`",
+        _NO_TLS,
     ),
     "skip_server_warmup": Refusal(
         lambda ns: bool(ns.skip_server_warmup),
