@@ -159,26 +159,25 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                         f"round {rnd + 1}/{total_rounds}{' (warm-up)' if warm else ''} "
                         f"{scenario_key(stream, c, False)} {mode}"
                     )
-                    job = Job(
-                        url="",
-                        model="",
-                        requests=n,
-                        concurrency=c,
-                        prompt_len=args.prompt_len,
-                        output_len=args.output_len,
-                        stream=stream,
-                        timeout_s=args.timeout,
-                        seed=args.seed * 1_000_003 + rnd * 1000 + si,
-                        first_id=next_id,
-                        endpoint=_ENDPOINT,
-                    )
-                    next_id += n
                     with stack.serving(mode) as url:
-                        job = Job(**{**asdict(job), "url": url})
+                        job = Job(
+                            url=url,
+                            model="",
+                            requests=n,
+                            concurrency=c,
+                            prompt_len=args.prompt_len,
+                            output_len=args.output_len,
+                            stream=stream,
+                            timeout_s=args.timeout,
+                            seed=args.seed * 1_000_003 + rnd * 1000 + si,
+                            first_id=next_id,
+                            endpoint=_ENDPOINT,
+                        )
                         cpu0, gc0 = time.process_time(), gc_clock.snapshot()
                         wall, samples = load.run(job)
                         cpu = time.process_time() - cpu0
                         gc_full, gc_full_s = gc_clock.since(gc0)
+                    next_id += n
                     died = not stack.healthy
                     ok = [s for s in samples if s.error is None]
                     records.append(
