@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Soak: the core, metrics and sanitizer suites again and again, round-robin over the
+# supported Pythons, beside busy processes, until each Python has passed --runs times
+# in a row on this core, or a STOP file appears in the output folder.
+#
+#   bash scripts/soak.sh [--runs N] [--busy K] [--jobs J] [--out DIR]
+#
+# --runs N   passes in a row wanted per Python (default 200)
+# --busy K   CPU-bound processes kept running beside the soak (default 2)
+# --jobs J   suites run at once (default 1)
+# --out DIR  where results.txt and the logs of failed runs go (default .soak)
+#
+# Needs the venvs of scripts/test-core-pythons.sh (.venv-core-<version>). Every run
+# is a line of DIR/results.txt with the identity of what it tested: the git tree
+# of src/loopbridge and of the three suites. Counts are per identity, so the soak
+# resumes across invocations and starts over when the core or its tests change; a
+# failure starts that Python's count over and keeps its log as DIR/fail-*.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+runs=200 busy=2 jobs=1 out=.soak
+while [ $# -gt 0 ]; do
+    case $1 in
+    --runs) runs=$2 ;;
+    --busy) busy=$2 ;;
+    --jobs) jobs=$2 ;;
+    --out) out=$2 ;;
+    *)
+        echo "soak.sh: unknown option $1 (see the header of scripts/soak.sh)" >&2
+        exit 2
+        ;;
+    esac
+    shift 2
+done
+suites=(tests/core tests/metrics tests/sanitizer)
+pythons=()
+for v in 3.10 3.11 3.12 3.13; do
+    [ -x ".venv-core-$v/bin/python" ] && pythons+=("$v")
+done
+if [ ${#pythons[@]} -eq 0 ]; then
+    echo "soak.sh: no .venv-core-<version> venv: run 'bash scripts/test-core-pythons.sh' first" >&2
+    exit 2
+fi
+# What is tested: committed trees only, so that a count means one exact core.
+if ! git diff --quiet HEAD -- src/loopbridge "${suites[@]}"; then
+    echo "soak.sh: src/loopbridge or its suites have uncommitted changes: commit them first" >&2
+    exit 2
+fi
+id=$(git rev-parse "HEAD:src/loopbridge" | cut -c1-12)-$(git rev-parse "${suites[@]/#/HEAD:}" | cut -c1-4 | tr -d '\n')
+mkdir -p "$out"
+results=$out/results.txt
+touch "$results"
+
+streak() { # passes in a row of one Python on this identity, newest last
+    awk -v id="$id" -v py="$1" '$3 == id && $4 == "py=" py { n = ($5 == "rc=0") ? n + 1 : 0 } END { print n + 0 }' "$results"
+}
+
+burners=()
+stop_burners() { [ ${#burners[@]} -gt 0 ] && kill "${burners[@]}" 2>/dev/null; }
+trap stop_burners EXIT
+trap 'exit 130' INT TERM
+for _ in $(seq 1 "$busy"); do
+    python3 -c "while True: pass" &
+    burners+=($!)
+done
+
+one_run() { # python version: run the suites once, append the result line
+    local v=$1 log start rc
+    log=$(mktemp)
+    start=$(date +%s)
+    ".venv-core-$v/bin/python" -m pytest "${suites[@]}" --ignore tests/sanitizer/test_vllm_pattern.py \
+        -q -p no:cacheprovider --timeout 300 >"$log" 2>&1
+    rc=$?
+    echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v rc=$rc secs=$(($(date +%s) - start)) $(tail -n 1 "$log")" >>"$results"
+    [ $rc -eq 0 ] || cp "$log" "$out/fail-$(date -u +%Y%m%dT%H%M%S)-$v.log"
+    rm -f "$log"
+}
+
+pids=() # the suites' runs started and not yet waited for (never the busy processes)
+reap() { # wait until fewer than $1 runs are going
+    local alive
+    while [ ${#pids[@]} -ge "$1" ]; do
+        wait -n "${pids[@]}" 2>/dev/null
+        alive=()
+        for pid in "${pids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive+=("$pid")
+        done
+        pids=("${alive[@]}")
+    done
+}
+
+echo "soak: core $id, ${pythons[*]}, $runs in a row each, beside $busy busy process(es), $jobs at once"
+while [ ! -e "$out/STOP" ]; do
+    todo=()
+    for v in "${pythons[@]}"; do
+        [ "$(streak "$v")" -lt "$runs" ] && todo+=("$v")
+    done
+    [ ${#todo[@]} -gt 0 ] || break
+    for v in "${todo[@]}"; do
+        [ -e "$out/STOP" ] && break
+        one_run "$v" &
+        pids+=($!)
+        reap "$jobs"
+    done
+done
+reap 1
+status=0
+for v in "${pythons[@]}"; do
+    n=$(streak "$v")
+    fails=$(awk -v id="$id" -v py="$v" '$3 == id && $4 == "py=" py && $5 != "rc=0"' "$results" | wc -l)
+    echo "soak: Python $v: $n passes in a row on core $id ($fails failed run(s) on it in all)"
+    [ "$n" -ge "$runs" ] || status=1
+done
+exit $status
