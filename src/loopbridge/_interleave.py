@@ -12,6 +12,8 @@ The points (each is *after* the step it names, before the next one):
 * ``submit.registered``: an operation is in its owner's in-flight set, before
   its start is posted;
 * ``die.marked``: a dying port is marked dead, before it fails what is in flight;
+* ``stream.buffer_empty``: a stream's consumer found its buffer empty, before
+  it reads the stream's outcome;
 * ``settle.latched``: a writer took an operation out of the in-flight set (the
   settle latch: a result, a cancel, owner death, or a submit that failed),
   before it acts on it.

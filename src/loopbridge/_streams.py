@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from . import _interleave
 from ._calls import cancel_message
 from ._construction import NoPublicConstructor
 from ._eager import start_task
@@ -125,9 +126,17 @@ class Channel(Operation):
         return self.buf.popleft()
 
     def before_park(self) -> None:
-        """The buffer is empty: raise the end if there is one, else return all credit."""
+        """The buffer was empty: raise the end if there is one, else return all credit.
+
+        The buffer is looked at again *after* the outcome: the owner may have
+        appended its last items and recorded the end since the consumer found
+        the buffer empty.  It appends every item before it records the outcome,
+        so once the outcome is seen, the buffer holds everything there is.
+        """
+        if _interleave.hook is not None:
+            _interleave.hook("stream.buffer_empty")
         self.count_taken()
-        if self.outcome is not PENDING:  # the buffer is empty: nothing left to drop
+        if self.outcome is not PENDING and not self.buf:
             self.raise_end()
         self.ack(self.taken)
 

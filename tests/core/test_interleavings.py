@@ -10,6 +10,7 @@ value, counted once, its caller woken; every posted item run exactly once.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from loopbridge._outcome import CANCELLED, ERROR, OK
 from loopbridge._ownership import Ownership
 from loopbridge._ports import Port
 
-from .interleave import Interleaving, paused_at
+from .interleave import BOUND, Interleaving, paused_at
 
 
 class RecordingWaker:
@@ -199,3 +200,70 @@ def test_drain_paused_after_clearing_its_flag_then_a_post() -> None:
     _drain_all(port, scheduled)
     assert ran == [1, 2]  # each exactly once: the second drain finds nothing left
     assert not port._inbox
+
+
+# ------------------------------------------- stream end vs the consumer's empty check
+class _Gated:
+    """Yields 0, waits until its gate opens, yields 1 and ends (owner loop)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
+    async def two(self) -> Any:
+        yield 0
+        await self.gate.wait()
+        yield 1
+
+
+def test_a_stream_ending_while_its_consumer_finds_the_buffer_empty_loses_no_item(
+    asyncio_owner: lb.LoopThread,
+) -> None:
+    """The consumer finds its buffer empty and is held there; meanwhile the owner
+    appends the last item and records the end.  The consumer must still get that
+    item before the end (it used to see the end first, and lose the item)."""
+
+    async def make() -> _Gated:
+        return lb.adopt(_Gated())
+
+    gated = asyncio_owner.run(make)
+    first_taken, armed = threading.Event(), threading.Event()
+    out: list[Any] = []
+
+    async def consume() -> list[Any]:
+        stream = lb.proxy(gated).two().__aiter__()
+        got = [await stream.__anext__()]
+        first_taken.set()
+        assert armed.wait(BOUND)  # the main thread holds the next empty check
+        async for item in stream:
+            got.append(item)
+        return got
+
+    def consumer() -> None:
+        try:
+            out.append(asyncio.run(consume()))
+        except BaseException as exc:
+            out.append(exc)
+
+    async def open_gate_and_finish() -> None:
+        gated.gate.set()
+        me = asyncio.current_task()
+        pump = [
+            t for t in asyncio.all_tasks() if t is not me and t.get_name() != "loopbridge-keeper"
+        ]
+        await asyncio.gather(*pump)  # the stream's pump: it appends 1, then records the end
+
+    with Interleaving() as il:
+        t = threading.Thread(target=consumer, name="stream consumer")
+        t.start()
+        try:
+            assert first_taken.wait(BOUND)
+            il.hold("stream.buffer_empty")
+            armed.set()
+            il.reached("stream.buffer_empty")
+            # The owner appends 1 and records the end while the consumer is held.
+            asyncio_owner.run(open_gate_and_finish)
+        finally:
+            il.release("stream.buffer_empty")
+            t.join(BOUND)
+    assert not t.is_alive()
+    assert out == [[0, 1]]
