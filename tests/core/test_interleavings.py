@@ -21,6 +21,7 @@ from loopbridge._outcome import CANCELLED, ERROR, OK
 from loopbridge._ownership import Ownership
 from loopbridge._ports import Port
 
+from .conftest import tasks_on
 from .interleave import BOUND, Interleaving, paused_at
 
 
@@ -246,11 +247,7 @@ def test_a_stream_ending_while_its_consumer_finds_the_buffer_empty_loses_no_item
 
     async def open_gate_and_finish() -> None:
         gated.gate.set()
-        me = asyncio.current_task()
-        pump = [
-            t for t in asyncio.all_tasks() if t is not me and t.get_name() != "loopbridge-keeper"
-        ]
-        await asyncio.gather(*pump)  # the stream's pump: it appends 1, then records the end
+        await asyncio.gather(*pump)  # it appends 1, then records the end
 
     with Interleaving() as il:
         t = threading.Thread(target=consumer, name="stream consumer")
@@ -260,6 +257,7 @@ def test_a_stream_ending_while_its_consumer_finds_the_buffer_empty_loses_no_item
             il.hold("stream.buffer_empty")
             armed.set()
             il.reached("stream.buffer_empty")
+            pump = tasks_on(asyncio_owner.loop)  # the stream's pump, waiting at the gate
             # The owner appends 1 and records the end while the consumer is held.
             asyncio_owner.run(open_gate_and_finish)
         finally:
