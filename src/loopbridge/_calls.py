@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._eager import NATIVE_EAGER, start_task, step_then_task
+from ._eager import NATIVE_EAGER
 from ._errors import LoopAffinityError
 from ._operation import Operation, Options
 from ._outcome import CANCELLED, OK
 from ._ownership import on_owner_thread
-from ._ports import get_running_loop
+from ._ports import PORT_ATTR, get_running_loop
 from ._returns import PLAIN
 from ._trio import in_trio_run, trio_port
 from ._wakers import LoopWaker, TrioWaker, loop_waker, thread_waker, trio_waker
@@ -55,34 +55,24 @@ class Call(Operation):
     __slots__ = ()
 
     kind = "call"
-
-    def on_settled(self) -> None:
-        self.waker.wake(self)  # the caller always waits for its one outcome
+    always_woken = True  # the caller always waits for its one outcome
+    steps_without_task = not NATIVE_EAGER
 
     def count_give_up(self) -> None:
         self.opts.metrics.cancelled()
 
-    def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
-        coro = _run(self, loop)
-        if self.opts.eager and not NATIVE_EAGER:
-            # Opt-in before 3.12: the first step runs here, without a task; only
-            # a call that suspends gets one.
-            return step_then_task(loop, coro, self.ctx)
-        return start_task(loop, coro, self.ctx)
-
-
-async def _run(call: Call, loop: asyncio.AbstractEventLoop) -> None:
-    try:
-        result = await call.fn(*call.args, **call.kwargs)
-        if type(result) not in PLAIN and call.opts.shape is not None:
-            # Still on the owner: a result that is the object itself, another
-            # loop-affine object, or holds loop-bound state (see _returns).
-            result = call.opts.shape(call, result)
-    except BaseException as exc:
-        if call.raised_on_owner(exc, loop):
-            raise
-    else:
-        call.settle(OK, result)
+    async def body(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            result = await self.fn(*self.args, **self.kwargs)
+            if type(result) not in PLAIN and self.opts.shape is not None:
+                # Still on the owner: a result that is the object itself, another
+                # loop-affine object, or holds loop-bound state (see _returns).
+                result = self.opts.shape(self, result)
+        except BaseException as exc:
+            if self.raised_on_owner(exc, loop):
+                raise
+        else:
+            self.settle(OK, result)
 
 
 def _returned(call: Call, t_return: float) -> Any:
@@ -111,7 +101,12 @@ def route_call(
         # No loop yet (the coroutine was made before asyncio.run, or under
         # trio): decide when it is awaited.
         return _route_on_await(opts, fn, args, kwargs, what, finish)
-    return call_from_async(loop_waker(loop), opts, fn, args, kwargs, what, finish)
+    # loop_waker's common case inlined, as this runs once per call: the loop's
+    # live port and its waker; anything else goes through loop_waker.
+    port = getattr(loop, PORT_ATTR, None)
+    if port is None or port.dead is not None or (waker := port.waker) is None:
+        waker = loop_waker(loop)
+    return call_from_async(waker, opts, fn, args, kwargs, what, finish)
 
 
 #: How an ``__aexit__`` is routed.  Natively an exit starts at once, even in a

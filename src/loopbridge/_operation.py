@@ -34,11 +34,12 @@ import asyncio
 import contextvars
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _interleave
 from ._diagnose import SubmissionSites, submission_site
+from ._eager import start_task, step_then_task
 from ._labels import thread_name
 from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
 from ._ports import _ABSENT, Port, get_running_loop
@@ -159,6 +160,12 @@ class Operation:
 
     kind = "operation"
     waiter: Any
+    #: ``Options.eager`` runs the body's first step with no task where the
+    #: runtime can't start tasks eagerly (before 3.12); calls only, see _eager.
+    steps_without_task = False
+    #: The caller waits for the outcome whatever happens (a call), so settling
+    #: wakes it; otherwise settling calls :meth:`on_settled`.
+    always_woken = False
 
     def __init__(
         self,
@@ -191,31 +198,39 @@ class Operation:
 
     # -- hooks -----------------------------------------------------------------
     def on_settled(self) -> None:
-        """Wake the caller if it needs waking (any thread)."""
+        """Wake the caller if it needs waking (any thread); unless ``always_woken``."""
         raise NotImplementedError
 
-    def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
-        """Start the owner-side work (owner thread); its task, if it has one."""
+    def body(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
+        """The owner-side work, as the coroutine its task runs (owner thread).
+
+        It records the outcome itself.  An ``async def`` in a subclass: calling
+        it only makes the coroutine, so starting costs no frame of ours.
+        """
         raise NotImplementedError
 
     # -- caller side -----------------------------------------------------------
-    def submit(self) -> None:
-        """Register with the owner's port and post the start (caller thread)."""
-        counters = self.counters
-        next(counters.submitted)
-        try:
-            self.route()
-        except BaseException:
-            next(counters.outcome[ERROR])
-            raise
+    def submit(self, rerouted: bool = False) -> None:
+        """Register with the owner's port and post the start (caller thread).
 
-    def route(self) -> None:
+        ``rerouted``: the old owner is moving it to the new one after a transfer
+        (on the old owner's thread).  It was counted when first submitted, and
+        the re-route records a failure here as its outcome.
+        """
+        counters = self.counters
+        if not rerouted:
+            next(counters.submitted)
         ownership = self.opts.ownership
         owner = ownership._port
-        if owner is None or owner.dead is not None:
-            owner = ownership.port()
-        self.owner = owner
-        owner.submit(self, start_on_owner)
+        try:
+            if owner is None or owner.dead is not None:
+                owner = ownership.port()
+            self.owner = owner
+            owner.submit(self, start_on_owner)
+        except BaseException:
+            if not rerouted:
+                next(counters.outcome[ERROR])
+            raise
 
     def caller_gives_up(self, msg: str | None) -> bool:
         """The caller stops waiting (its cancel, a stream's close): the one caller-side
@@ -268,7 +283,10 @@ class Operation:
         self.t_end = _perf()
         self.outcome = outcome  # last: readers on other threads test it first
         next(self.counters.outcome[outcome])
-        self.on_settled()
+        if self.always_woken:  # a call: an attribute test, not a frame per call
+            self.waker.wake(self)
+        else:
+            self.on_settled()
 
     def owner_died(self, exc: BaseException) -> None:
         """The owner's port took this operation out of its in-flight set: fail it."""
@@ -330,7 +348,7 @@ def start_on_owner(op: Operation) -> None:
         # unless someone settled it meanwhile (then leave() is False).
         if owner.leave(op):
             try:
-                op.route()
+                op.submit(rerouted=True)
             except BaseException as exc:  # registered nowhere now: record here
                 op.settle(ERROR, exc, latched=True)
         return
@@ -341,7 +359,11 @@ def start_on_owner(op: Operation) -> None:
     if op.waker.foreign_context:  # an attribute test: most callers are not trio
         _forget_caller_library(op.ctx)
     try:
-        op.task = op.launch(loop)
+        coro = op.body(loop)
+        if op.steps_without_task and op.opts.eager:
+            op.task = step_then_task(loop, coro, op.ctx)  # None: it finished in that step
+        else:
+            op.task = start_task(loop, coro, op.ctx)
     except BaseException as exc:
         # Nothing will run it (a task factory that raised, say): fail it now,
         # or its caller would wait forever.

@@ -27,13 +27,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
 from . import _interleave
 from ._calls import cancel_message
 from ._construction import NoPublicConstructor
-from ._eager import start_task
 from ._errors import LoopAffinityError
 from ._operation import Operation
 from ._outcome import CANCELLED, ERROR, OK, PENDING, REQUESTED
@@ -98,8 +97,8 @@ class Channel(Operation):
     def count_give_up(self) -> None:
         self.opts.metrics.stream_closed()
 
-    def launch(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any]:
-        return start_task(loop, _pump(self, loop), self.ctx)
+    def body(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
+        return _pump(self, loop)  # a frame once per stream, not per item
 
     def describe(self) -> dict[str, Any]:
         return {
