@@ -297,6 +297,9 @@ def test_transfer_with_calls_in_flight_loses_and_misroutes_nothing() -> None:
             # Queued calls were re-routed: every one ran on B, the new owner.
             assert all(loop is b.loop for loop in loops)
             assert await p.where() is b.loop
+            # A re-routed call is counted once: 51 submitted, each settled once.
+            snap = lb.metrics.metrics_of(p).snapshot()
+            assert (snap["calls"], snap["ok"], snap["calls_in_flight"]) == (51, 51, 0)
 
         asyncio.run(main())
     finally:
