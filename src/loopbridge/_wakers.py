@@ -248,7 +248,12 @@ def _rounds(
 
 
 def loop_waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:
-    """The waker of the callers on ``loop``, the running asyncio loop (one per loop)."""
+    """The waker of the callers on ``loop``, the running asyncio loop (one per loop).
+
+    ``route_call`` repeats this function's common case inline (the loop's live
+    port already has a waker) to save a frame per call, and calls it otherwise:
+    a change to how a loop's waker is found changes both.
+    """
     port: Port | None = getattr(loop, PORT_ATTR, None)
     if port is None or port.dead is not None:
         port = running_port(loop)

@@ -3,8 +3,11 @@
 
 ``with Interleaving() as il:`` installs the hook; ``il.hold(point)`` makes the
 next thread that reaches ``point`` stop there; ``il.reached(point)`` waits until
-it has; ``il.release(point)`` lets it go on.  Waits are on events, bounded, and
-a bound that expires fails the test instead of hanging it.
+it has; ``il.release(point)`` lets it go on.  ``il.count(point, n, thread)``
+returns a countdown that ends once ``point`` has been passed ``n`` more times
+(by ``thread`` only, when given), for a test that waits for a number of steps.
+Waits are on events, bounded, and a bound that expires fails the test instead
+of hanging it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,22 @@ from loopbridge import _interleave
 BOUND = 10.0
 
 
+class Countdown:
+    """``point`` passed ``n`` times (by ``thread`` only, when given); see ``Interleaving.count``."""
+
+    def __init__(self, point: str, n: int, thread: threading.Thread | None) -> None:
+        self.point, self.left, self.thread = point, n, thread
+        self.done = threading.Event()
+
+    def wait(self) -> None:
+        assert self.done.wait(BOUND), f"{self.point} was passed {self.left} times too few"
+
+
 class Interleaving:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[threading.Event, threading.Event]] = {}
+        self._counts: dict[str, Countdown] = {}
         self.passed: list[tuple[str, str]] = []  # (thread name, point), in order
 
     def __enter__(self) -> Interleaving:
@@ -47,9 +62,23 @@ class Interleaving:
     def release(self, point: str) -> None:
         self._held[point][1].set()
 
-    def _at(self, point: str) -> None:
-        self.passed.append((threading.current_thread().name, point))
+    def count(self, point: str, n: int, thread: threading.Thread | None = None) -> Countdown:
+        """A countdown of the next ``n`` passes of ``point`` (by ``thread`` only, when
+        given); it replaces any earlier countdown of ``point``."""
+        countdown = Countdown(point, n, thread)
         with self._lock:
+            self._counts[point] = countdown
+        return countdown
+
+    def _at(self, point: str) -> None:
+        me = threading.current_thread()
+        self.passed.append((me.name, point))
+        with self._lock:
+            countdown = self._counts.get(point)
+            if countdown is not None and countdown.thread in (None, me) and countdown.left > 0:
+                countdown.left -= 1
+                if countdown.left == 0:
+                    countdown.done.set()
             gate = self._held.get(point)
             if gate is None or gate[0].is_set():
                 return

@@ -14,6 +14,7 @@ import loopbridge as lb
 import loopbridge.metrics
 
 from .conftest import Engine, cancel_once_sleeping, tasks_on, until_set
+from .interleave import Interleaving
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -307,6 +308,36 @@ def test_transfer_with_calls_in_flight_loses_and_misroutes_nothing() -> None:
         b.stop()
 
 
+def test_call_rerouted_to_a_dead_owner_fails_typed_and_is_counted_once() -> None:
+    """The re-route's failure path: the call waits in the old owner's queue while
+    the object moves to a new owner that then stops.  The caller gets
+    ``OwnerLoopClosed``, and the call is counted once, as one error."""
+    a = lb.LoopThread(name="owner-a").start()
+    b = lb.LoopThread(name="owner-b").start()
+    try:
+        e = a.run(_make)
+        p = lb.proxy(e)
+
+        async def main() -> None:
+            gate = threading.Event()  # holds A until B is gone
+            a.loop.call_soon_threadsafe(gate.wait)
+            call = asyncio.ensure_future(p.where())
+            await asyncio.sleep(0)  # one turn of this loop: the task submits its call
+            assert lb.metrics.metrics_of(p).snapshot()["calls_in_flight"] == 1
+            lb.transfer(e, b.loop)
+            b.stop()
+            gate.set()
+            with pytest.raises(lb.OwnerLoopClosed, match=r"owner loop of .* is gone"):
+                await asyncio.wait_for(call, 20)
+            snap = lb.metrics.metrics_of(p).snapshot()
+            assert (snap["calls"], snap["errors"], snap["calls_in_flight"]) == (1, 1, 0)
+
+        asyncio.run(main())
+    finally:
+        a.stop()
+        b.stop()
+
+
 async def _make() -> Engine:
     return Engine()
 
@@ -333,28 +364,18 @@ def test_concurrent_calls_share_wake_ups(asyncio_owner: lb.LoopThread) -> None:
     the two threads are scheduled.  How often an idle caller on another core is
     woken is a matter of timing (``bench_bridge.py --count-wakes`` measures it).
     """
-    from loopbridge import _interleave
     from loopbridge._ports import port_for_loop
 
     p = lb.proxy(asyncio_owner.run(_make))
     owner_port = port_for_loop(asyncio_owner.loop)
-    owner_thread = asyncio_owner.thread
-    results = [0]  # appended by the owner thread in this round (only it writes)
-    all_posted = threading.Event()
 
-    def count_results(point: str) -> None:
-        if point == "post.appended" and threading.current_thread() is owner_thread:
-            results[0] += 1
-            if results[0] == 64:
-                all_posted.set()
-
-    async def main() -> tuple[int, int]:
+    async def main(il: Interleaving) -> tuple[int, int]:
         caller_port = port_for_loop(asyncio.get_running_loop())
         await p.echo(0)  # warm up: ports exist
         before = owner_port.wakeups, caller_port.wakeups
         for _ in range(20):
-            results[0] = 0
-            all_posted.clear()
+            # The owner's 64 results, each appended to this loop's inbox.
+            all_posted = il.count("post.appended", 64, thread=asyncio_owner.thread)
             woken = owner_port.wakeups
             calls = asyncio.gather(*(p.echo(i) for i in range(64)))
             # The calls submit in the next iteration, and their one wake of the
@@ -363,16 +384,12 @@ def test_concurrent_calls_share_wake_ups(asyncio_owner: lb.LoopThread) -> None:
             await asyncio.sleep(0)
             await asyncio.sleep(0)
             assert owner_port.wakeups == woken + 1
-            assert all_posted.wait(10), f"the owner posted {results[0]} of 64 results"
+            all_posted.wait()
             assert await calls == list(range(64))
         return owner_port.wakeups - before[0], caller_port.wakeups - before[1]
 
-    assert _interleave.hook is None
-    _interleave.hook = count_results
-    try:
-        to_owner, to_caller = asyncio.run(main())
-    finally:
-        _interleave.hook = None
+    with Interleaving() as il:
+        to_owner, to_caller = asyncio.run(main(il))
     # 1280 calls: without batching that is 1280 wake-ups each way.
     assert (to_owner, to_caller) == (20, 20)
 
