@@ -8,16 +8,21 @@
 # --runs N   passes in a row wanted per Python (default 200)
 # --busy K   CPU-bound processes kept running beside the soak (default 2)
 # --jobs J   suites run at once (default 1)
-# --out DIR  where results.txt and the logs of failed runs go (default .soak)
+# --out DIR  where results.txt and the logs of failed runs go (default soak, which
+#            is in git: commit it, and the count carries over to another machine)
 #
 # Needs the venvs of scripts/test-core-pythons.sh (.venv-core-<version>). Every run
-# is a line of DIR/results.txt with the identity of what it tested: the git tree
-# of src/loopbridge and of the three suites. Counts are per identity, so the soak
-# resumes across invocations and starts over when the core or its tests change; a
-# failure starts that Python's count over and keeps its log as DIR/fail-*.log.
+# is two lines of DIR/results.txt, one when it starts and one when it ends, with
+# the identity of what it tested (the git trees of src/loopbridge and of the three
+# suites), the run's tag, and on the end line its exit status, time, the number of
+# busy processes and of runs at once, and pytest's summary. Counts are per identity,
+# so the soak resumes across invocations and machines and starts over when the core
+# or its tests change; a failure starts that Python's count over and keeps its log
+# as DIR/fail-*.log. A run with a start line and no end line was interrupted (the
+# soak was killed): it counts as neither, and the summary says how many there were.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-runs=200 busy=2 jobs=1 out=.soak
+runs=200 busy=2 jobs=1 out=soak
 while [ $# -gt 0 ]; do
     case $1 in
     --runs) runs=$2 ;;
@@ -51,7 +56,7 @@ results=$out/results.txt
 touch "$results"
 
 streak() { # passes in a row of one Python on this identity, newest last
-    awk -v id="$id" -v py="$1" '$3 == id && $4 == "py=" py { n = ($5 == "rc=0") ? n + 1 : 0 } END { print n + 0 }' "$results"
+    awk -v id="$id" -v py="$1" '$3 == id && $4 == "py=" py && $5 ~ /^rc=/ { n = ($5 == "rc=0") ? n + 1 : 0 } END { print n + 0 }' "$results"
 }
 
 burners=()
@@ -64,13 +69,15 @@ for _ in $(seq 1 "$busy"); do
 done
 
 one_run() { # python version: run the suites once, append the result line
-    local v=$1 log start rc
+    local v=$1 log start rc tag
     log=$(mktemp)
     start=$(date +%s)
+    tag=run=$start-$BASHPID
+    echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v started $tag" >>"$results"
     ".venv-core-$v/bin/python" -m pytest "${suites[@]}" --ignore tests/sanitizer/test_vllm_pattern.py \
         -q -p no:cacheprovider --timeout 300 >"$log" 2>&1
     rc=$?
-    echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v rc=$rc secs=$(($(date +%s) - start)) $(tail -n 1 "$log")" >>"$results"
+    echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v rc=$rc $tag secs=$(($(date +%s) - start)) busy=$busy jobs=$jobs $(tail -n 1 "$log")" >>"$results"
     [ $rc -eq 0 ] || cp "$log" "$out/fail-$(date -u +%Y%m%dT%H%M%S)-$v.log"
     rm -f "$log"
 }
@@ -106,8 +113,10 @@ reap 1
 status=0
 for v in "${pythons[@]}"; do
     n=$(streak "$v")
-    fails=$(awk -v id="$id" -v py="$v" '$3 == id && $4 == "py=" py && $5 != "rc=0"' "$results" | wc -l)
-    echo "soak: Python $v: $n passes in a row on core $id ($fails failed run(s) on it in all)"
+    fails=$(awk -v id="$id" -v py="$v" '$3 == id && $4 == "py=" py && $5 ~ /^rc=/ && $5 != "rc=0"' "$results" | wc -l)
+    cut=$(awk -v id="$id" -v py="$v" '$3 == id && $4 == "py=" py { if ($5 == "started") pending[$6] = 1; else delete pending[$6] }
+        END { print length(pending) }' "$results")
+    echo "soak: Python $v: $n passes in a row on core $id ($fails failed and $cut interrupted run(s) on it in all)"
     [ "$n" -ge "$runs" ] || status=1
 done
 exit $status
