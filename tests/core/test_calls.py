@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import threading
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -278,64 +279,70 @@ def test_unbound_object_and_transfer(asyncio_owner: lb.LoopThread) -> None:
     asyncio.run(again())
 
 
-def test_transfer_with_calls_in_flight_loses_and_misroutes_nothing() -> None:
+@pytest.fixture
+def owners_a_b() -> Iterator[tuple[lb.LoopThread, lb.LoopThread]]:
     a = lb.LoopThread(name="owner-a").start()
     b = lb.LoopThread(name="owner-b").start()
     try:
-        e = a.run(_make)
-        p = lb.proxy(e)
-
-        async def main() -> None:
-            # Keep A busy so that submissions queue up, then transfer to B.
-            gate = threading.Event()
-            a.loop.call_soon_threadsafe(gate.wait)
-            calls = [asyncio.ensure_future(p.where()) for _ in range(50)]
-            await asyncio.sleep(0)  # one turn of this loop: every task submits its call
-            assert lb.metrics.metrics_of(p).snapshot()["calls_in_flight"] == 50
-            lb.transfer(e, b.loop)
-            gate.set()
-            loops = await asyncio.gather(*calls)
-            # Queued calls were re-routed: every one ran on B, the new owner.
-            assert all(loop is b.loop for loop in loops)
-            assert await p.where() is b.loop
-            # A re-routed call is counted once: 51 submitted, each settled once.
-            snap = lb.metrics.metrics_of(p).snapshot()
-            assert (snap["calls"], snap["ok"], snap["calls_in_flight"]) == (51, 51, 0)
-
-        asyncio.run(main())
+        yield a, b
     finally:
         a.stop()
         b.stop()
 
 
-def test_call_rerouted_to_a_dead_owner_fails_typed_and_is_counted_once() -> None:
+async def _queued_across_a_transfer(
+    a: lb.LoopThread, b: lb.LoopThread, n: int
+) -> tuple[Engine, list[asyncio.Task[asyncio.AbstractEventLoop]], threading.Event]:
+    """``n`` calls of an object of A's queued on A, held busy, then the object moved
+    to B.  Returns its proxy, the calls, and the event that lets A go on."""
+    e = a.run(_make)
+    p = lb.proxy(e)
+    gate = threading.Event()
+    a.loop.call_soon_threadsafe(gate.wait)
+    calls = [asyncio.ensure_future(p.where()) for _ in range(n)]
+    await asyncio.sleep(0)  # one turn of this loop: every task submits its call
+    assert lb.metrics.metrics_of(p).snapshot()["calls_in_flight"] == n
+    lb.transfer(e, b.loop)
+    return p, calls, gate
+
+
+def test_transfer_with_calls_in_flight_loses_and_misroutes_nothing(
+    owners_a_b: tuple[lb.LoopThread, lb.LoopThread],
+) -> None:
+    a, b = owners_a_b
+
+    async def main() -> None:
+        p, calls, gate = await _queued_across_a_transfer(a, b, 50)
+        gate.set()
+        loops = await asyncio.gather(*calls)
+        # Queued calls were re-routed: every one ran on B, the new owner.
+        assert all(loop is b.loop for loop in loops)
+        assert await p.where() is b.loop
+        # A re-routed call is counted once: 51 submitted, each settled once.
+        snap = lb.metrics.metrics_of(p).snapshot()
+        assert (snap["calls"], snap["ok"], snap["calls_in_flight"]) == (51, 51, 0)
+
+    asyncio.run(main())
+
+
+def test_call_rerouted_to_a_dead_owner_fails_typed_and_is_counted_once(
+    owners_a_b: tuple[lb.LoopThread, lb.LoopThread],
+) -> None:
     """The re-route's failure path: the call waits in the old owner's queue while
     the object moves to a new owner that then stops.  The caller gets
     ``OwnerLoopClosed``, and the call is counted once, as one error."""
-    a = lb.LoopThread(name="owner-a").start()
-    b = lb.LoopThread(name="owner-b").start()
-    try:
-        e = a.run(_make)
-        p = lb.proxy(e)
+    a, b = owners_a_b
 
-        async def main() -> None:
-            gate = threading.Event()  # holds A until B is gone
-            a.loop.call_soon_threadsafe(gate.wait)
-            call = asyncio.ensure_future(p.where())
-            await asyncio.sleep(0)  # one turn of this loop: the task submits its call
-            assert lb.metrics.metrics_of(p).snapshot()["calls_in_flight"] == 1
-            lb.transfer(e, b.loop)
-            b.stop()
-            gate.set()
-            with pytest.raises(lb.OwnerLoopClosed, match=r"owner loop of .* is gone"):
-                await asyncio.wait_for(call, 20)
-            snap = lb.metrics.metrics_of(p).snapshot()
-            assert (snap["calls"], snap["errors"], snap["calls_in_flight"]) == (1, 1, 0)
-
-        asyncio.run(main())
-    finally:
-        a.stop()
+    async def main() -> None:
+        p, (call,), gate = await _queued_across_a_transfer(a, b, 1)
         b.stop()
+        gate.set()
+        with pytest.raises(lb.OwnerLoopClosed, match=r"owner loop of .* is gone"):
+            await asyncio.wait_for(call, 20)
+        snap = lb.metrics.metrics_of(p).snapshot()
+        assert (snap["calls"], snap["errors"], snap["calls_in_flight"]) == (1, 1, 0)
+
+    asyncio.run(main())
 
 
 async def _make() -> Engine:
