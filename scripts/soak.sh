@@ -55,9 +55,13 @@ mkdir -p "$out"
 results=$out/results.txt
 touch "$results"
 
-streak() { # passes in a row of one Python on this identity, newest last
-    awk -v id="$id" -v py="$1" '$3 == id && $4 == "py=" py && $5 ~ /^rc=/ { n = ($5 == "rc=0") ? n + 1 : 0 } END { print n + 0 }' "$results"
+tally() { # one Python on this identity: passes in a row (newest last), failed runs, interrupted runs
+    awk -v id="$id" -v py="$1" '$3 != id || $4 != "py=" py { next }
+        $5 == "started" { pending[$6] = 1; next }
+        { delete pending[$6]; if ($5 == "rc=0") n++; else { n = 0; fails++ } }
+        END { print n + 0, fails + 0, length(pending) }' "$results"
 }
+streak() { local n _; read -r n _ <<<"$(tally "$1")"; echo "$n"; }
 
 burners=()
 stop_burners() { [ ${#burners[@]} -gt 0 ] && kill "${burners[@]}" 2>/dev/null; }
@@ -112,10 +116,7 @@ done
 reap 1
 status=0
 for v in "${pythons[@]}"; do
-    n=$(streak "$v")
-    fails=$(awk -v id="$id" -v py="$v" '$3 == id && $4 == "py=" py && $5 ~ /^rc=/ && $5 != "rc=0"' "$results" | wc -l)
-    cut=$(awk -v id="$id" -v py="$v" '$3 == id && $4 == "py=" py { if ($5 == "started") pending[$6] = 1; else delete pending[$6] }
-        END { print length(pending) }' "$results")
+    read -r n fails cut <<<"$(tally "$v")"
     echo "soak: Python $v: $n passes in a row on core $id ($fails failed and $cut interrupted run(s) on it in all)"
     [ "$n" -ge "$runs" ] || status=1
 done
