@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import types
 from typing import Any
 
 from ._affinity import original
@@ -83,11 +84,16 @@ def classify(cls: type, ownership: Ownership) -> dict[str, tuple[MemberKind, Any
     return out
 
 
+#: Special methods of C types (``deque.__len__``, ``Future.__await__``): methods
+#: too, so they are marshalled or refused like functions, never inherited.
+_C_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType)
+
+
 def _dunder_kind(name: str, raw: Any, ownership: Ownership) -> MemberKind | None:
     if name in PROXY_OWNED_DUNDERS or isinstance(raw, (staticmethod, classmethod)):
         return None
     fn = original(raw)
-    if not inspect.isfunction(fn):
+    if not (inspect.isfunction(fn) or isinstance(fn, _C_METHODS)):
         return None  # data, a slot or dict descriptor, __hash__ = None
     if name == "__aiter__" and name in ownership.returns:
         raise LoopAffinityError(

@@ -12,6 +12,7 @@ compiled from it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -170,30 +171,55 @@ on_owner_thread.__doc__ = "True when the owner loop is the loop running on this 
 
 
 # --------------------------------------------------------------------- lookup
-_foreign: weakref.WeakKeyDictionary[Any, Ownership] = weakref.WeakKeyDictionary()
-_foreign_by_id: dict[int, tuple[Any, Ownership]] = {}
+# Where an instance's record is kept, in order: its ``__dict__`` (most objects);
+# the ``__loopbridge_ownership__`` slot that @loop_affine adds to a class whose
+# instances have no __dict__ (see _declare); else, for an adopted object of such
+# a class, a table keyed by ``id()`` whose entry a weak reference removes when
+# the object dies.  The table never hashes or compares the object (equal
+# dataclasses are distinct objects, unhashable ones are common); only an object
+# that has neither a __dict__ nor weak references is kept alive by its entry.
+_foreign: dict[int, tuple[Any, Ownership]] = {}
 
 
 def ownership_of(obj: object) -> Ownership | None:
     d = getattr(obj, "__dict__", None)
-    if d is not None:
+    if type(d) is dict:
         ownership = d.get(_ATTR)
         if ownership is not None:
             return ownership  # type: ignore[no-any-return]
-    try:
-        return _foreign.get(obj)
-    except TypeError:
-        entry = _foreign_by_id.get(id(obj))
-        return entry[1] if entry is not None and entry[0] is obj else None
+    else:
+        slot = getattr(type(obj), _ATTR, None)
+        if slot is not None and hasattr(slot, "__get__"):
+            try:
+                return slot.__get__(obj, type(obj))  # type: ignore[no-any-return]
+            except AttributeError:  # made without __init__ (copy, pickle)
+                pass
+    entry = _foreign.get(id(obj))
+    if entry is None:
+        return None
+    ref, ownership = entry
+    held = ref() if type(ref) is weakref.ref else ref
+    return ownership if held is obj else None
 
 
 def attach(obj: object, ownership: Ownership) -> None:
     d = getattr(obj, "__dict__", None)
-    if d is not None:
+    if type(d) is dict:
         d[_ATTR] = ownership
         return
+    slot = getattr(type(obj), _ATTR, None)
+    if slot is not None and hasattr(slot, "__set__"):
+        slot.__set__(obj, ownership)
+        return
+    key = id(obj)
     try:
-        _foreign[obj] = ownership
+        ref: Any = weakref.ref(obj, functools.partial(_forget, key))
     except TypeError:
-        # Neither a __dict__ nor weak references: keep it alive with its record.
-        _foreign_by_id[id(obj)] = (obj, ownership)
+        ref = obj  # neither a __dict__ nor weak references: keep it alive with its record
+    _foreign[key] = (ref, ownership)
+
+
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
+    entry = _foreign.get(key)
+    if entry is not None and entry[0] is ref:
+        del _foreign[key]

@@ -10,10 +10,11 @@ generated classes are cached per (class, declarations).
 
 from __future__ import annotations
 
+import inspect
 import threading
 import types
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
 from ._affinity import _Policy, original
@@ -35,8 +36,10 @@ from ._ownership import (
 )
 from ._pending import Pending
 from ._ports import get_running_loop
+from ._refusals import is_special, refusal, refused_member
 from ._returns import PLAIN, Owned, loop_state
 from ._streams import BlockingStream, Channel, RemoteStream
+from ._subclass import Maker, make_class
 
 __all__ = [
     "proxy",
@@ -240,7 +243,39 @@ def _await_member(cls: type, raw: Any, rule: Owned | None) -> Callable[..., Any]
 
     member = _describe(__await__, "__await__", raw, MemberKind.AWAIT)
     member.__qualname__ = f"{cls.__qualname__}.__await__"
+    member.__loopbridge_on_owner__ = on_owner  # type: ignore[attr-defined]
     return member
+
+
+def class_level_member(name: str, raw: Any) -> Callable[..., Any] | None:
+    """A classmethod or staticmethod: inherited as is, unless it is async.
+
+    An async one runs on the owner loop like an instance's async member (it
+    may touch class-level state bound to that loop), and a classmethod gets the
+    object's own class as ``cls``, never the proxy class.
+    """
+    func = getattr(raw, "__func__", None)
+    if not isinstance(raw, (classmethod, staticmethod)) or func is None:
+        return None
+    is_gen = inspect.isasyncgenfunction(func)
+    if not (is_gen or inspect.iscoroutinefunction(func)):
+        return None
+    if isinstance(raw, classmethod):
+
+        def on_owner(target: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return func(type(target), *args, **kwargs)
+
+    else:
+
+        def on_owner(target: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return func(*args, **kwargs)
+
+    on_owner.__name__ = name
+    on_owner.__qualname__ = func.__qualname__
+    on_owner.__doc__ = func.__doc__
+    if is_gen:
+        return _stream_member(name, on_owner)
+    return _async_member(name, on_owner, generic=True)
 
 
 class _OwnedAttr:
@@ -321,10 +356,11 @@ def _checked(value: Any, what: str, opts: Options) -> Any:
 
 def _tripwire(value: Any, msg: str) -> Any:
     cls = type(value)
-    tcls = _tripwire_classes.get(cls)
-    if tcls is None:
-        tcls = _tripwire_classes.setdefault(cls, _tripwire_class(cls))
-    t: Any = object.__new__(tcls)
+    made = _tripwire_classes.get(cls)
+    if made is None:
+        made = _tripwire_classes.setdefault(cls, _tripwire_class(cls))
+    tcls, maker = made
+    t: Any = maker(tcls)
     object.__setattr__(t, "_lb_target", value)
     object.__setattr__(t, "_lb_refusal", msg)
     return t
@@ -351,6 +387,18 @@ def _tripped(obj: Any, name: str) -> LoopAffinityError:
     return LoopAffinityError(f"{object.__getattribute__(obj, '_lb_refusal')} (used: .{name})")
 
 
+def _tripped_special(name: str) -> Callable[..., Any]:
+    """A special method of an uncovered result: Python calls it for an operator (``await``,
+    ``==``, ``len``), so it must be a method that raises, not an attribute: the
+    operator slots swallow an error raised while the method is looked up."""
+
+    def tripped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _tripped(self, name)
+
+    tripped.__name__ = name
+    return tripped
+
+
 def _tripped_getattr(self: Any, name: str) -> Any:
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(name)
@@ -366,15 +414,15 @@ def _tripped_repr(self: Any) -> str:
     return f"<loopbridge: {type(value).__qualname__} object no returns rule covers>"
 
 
-_tripwire_classes: dict[type, type] = {}
+_tripwire_classes: dict[type, tuple[type, Maker]] = {}
 _TRIPWIRE_SLOTS = ("_lb_target", "_lb_refusal")
 
 
-def _tripwire_class(cls: type) -> type:
+def _tripwire_class(cls: type) -> tuple[type, Maker]:
     empty = Ownership(None, frozenset(), frozenset(), cls.__qualname__)
     ns: dict[str, Any] = {"__slots__": _TRIPWIRE_SLOTS, "__loopbridge_proxy__": True}
     for name in classify(cls, empty):
-        ns[name] = _Tripped(name)
+        ns[name] = _tripped_special(name) if is_special(name) else _Tripped(name)
     ns["__getattribute__"] = object.__getattribute__
     ns["__getattr__"] = _tripped_getattr
     ns["__setattr__"] = ns["__delattr__"] = _tripped_setattr
@@ -383,13 +431,10 @@ def _tripwire_class(cls: type) -> type:
     ns["__init__"] = _no_init
     ns["__reduce__"] = _no_reduce
     ns["__reduce_ex__"] = _no_reduce_ex
-    try:
-        tcls = type(cls)(f"{cls.__name__}Uncovered", (cls,), ns)
-    except TypeError:
-        tcls = type(f"{cls.__name__}Uncovered", (), ns)
+    tcls, maker = make_class(cls, f"{cls.__name__}Uncovered", ns)
     tcls.__module__ = cls.__module__
     tcls.__qualname__ = f"{cls.__qualname__}Uncovered"
-    return tcls
+    return tcls, maker
 
 
 def _is_proxy(obj: object) -> bool:
@@ -410,75 +455,26 @@ class _Passthrough:
         return getattr(object.__getattribute__(obj, "_lb_target"), self.name)
 
 
-class _Refused:
-    """A sync member nobody declared safe: touching it through a proxy is an error."""
-
-    __slots__ = ("name", "owner_name")
-
-    def __init__(self, name: str, owner_name: str) -> None:
-        self.name = name
-        self.owner_name = owner_name
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        if obj is None:
-            return self
-        raise _refusal(self.owner_name, self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        raise _refusal(self.owner_name, self.name)
-
-
-def _refusal(cls_name: str, name: str) -> LoopAffinityError:
-    if name.startswith("__") and name.endswith("__"):
-        return LoopAffinityError(
-            f"{cls_name}.{name} is a sync special method: Python would run it on the calling "
-            "thread, off the owner loop, so the proxy refuses it. Call an async method that "
-            f"does the same work on the owner, or, if {name} touches no loop-bound state, "
-            f"declare it threadsafe=({name!r},) (in @loop_affine(...) or adopt(...))."
-        )
-    return LoopAffinityError(
-        f"{cls_name}.{name} is a sync member and is not declared safe from other threads, so "
-        "the proxy refuses it. If it is set once at setup and only read, declare it "
-        f"stable=({name!r},); if it may be called from any thread, declare it "
-        f"threadsafe=({name!r},) (in @loop_affine(...) or adopt(...))."
-    )
-
-
 # --------------------------------------------------------------- proxy class
-_cache: dict[tuple[type, Any], type] = {}
+_cache: dict[tuple[type, Any], tuple[type, Maker]] = {}
 _cache_lock = threading.Lock()
 
 
-def _proxy_class(cls: type, ownership: Ownership) -> type:
+def _proxy_class(cls: type, ownership: Ownership) -> tuple[type, Maker]:
+    """The proxy class for ``cls`` with these declarations, and how to make its instances."""
     key = (cls, ownership.spec_key())
-    pcls = _cache.get(key)
-    if pcls is not None:
-        return pcls
+    made = _cache.get(key)
+    if made is not None:
+        return made
     ns: dict[str, Any] = {"__slots__": _SLOTS, "__loopbridge_proxy__": True}
-    rules = ownership.returns
     for name, (kind, raw) in classify(cls, ownership).items():
-        if kind is MemberKind.ASYNC:
-            ns[name] = _async_member(name, original(raw))
-        elif kind is MemberKind.STREAM:
-            ns[name] = _stream_member(name, original(raw))
-        elif kind is MemberKind.ITERATION:
-            ns[name] = _iteration_member(cls, raw, rules.get("__anext__"))
-        elif kind is MemberKind.AWAIT:
-            ns[name] = _await_member(cls, raw, rules.get("__await__"))
-        elif kind is MemberKind.OWNED_CALL:
-            ns[name] = _owned_call_member(name, original(raw), rules[name])
-        elif kind is MemberKind.OWNED_STREAM:
-            fn = original(raw)
-            ns[name] = _owned_stream_member(name, fn, rules[name], f"{fn.__qualname__}()")
-        elif kind is MemberKind.PENDING:
-            ns[name] = _pending_member(name, original(raw), rules[name])
-        elif kind is MemberKind.OWNED_ATTR:
-            ns[name] = _OwnedAttr(name, rules[name], f"{cls.__qualname__}.{name}")
-        elif kind in (MemberKind.STABLE, MemberKind.THREADSAFE):
-            ns[name] = _Passthrough(name)
-        elif kind is MemberKind.SYNC:
-            ns[name] = _Refused(name, cls.__qualname__)
-        # CLASS_LEVEL: inherited as is.
+        member = _proxy_member(cls, name, kind, raw, ownership.returns)
+        if member is not None:  # None: CLASS_LEVEL, inherited as is
+            ns[name] = member
+    if hasattr(cls, "_asyncio_future_blocking"):
+        # A future's proxy is no future of the caller's loop: asyncio.isfuture()
+        # must say so, and ensure_future() then awaits it through __await__.
+        ns["_asyncio_future_blocking"] = None
     ns["__getattribute__"] = object.__getattribute__  # members are the class's, above
     ns["__getattr__"] = _instance_attr
     ns["__setattr__"] = _no_setattr
@@ -488,17 +484,40 @@ def _proxy_class(cls: type, ownership: Ownership) -> type:
     ns["__init__"] = _no_init
     ns["__reduce__"] = _no_reduce
     ns["__reduce_ex__"] = _no_reduce_ex
-    try:
-        pcls = type(cls)(f"{cls.__name__}Proxy", (cls,), ns)
-    except TypeError:
-        # Not subclassable (final, C layout, slot conflicts): a plain proxy class.
-        ns["__slots__"] = _SLOTS
-        pcls = type(f"{cls.__name__}Proxy", (), ns)
+    pcls, maker = make_class(cls, f"{cls.__name__}Proxy", ns)
     pcls.__module__ = cls.__module__
     pcls.__qualname__ = f"{cls.__qualname__}Proxy"
     with _cache_lock:
-        _cache.setdefault(key, pcls)
+        _cache.setdefault(key, (pcls, maker))
     return _cache[key]
+
+
+def _proxy_member(
+    cls: type, name: str, kind: MemberKind, raw: Any, rules: Mapping[str, Owned]
+) -> Any:
+    """The proxy's member ``name`` of kind ``kind`` (``None``: inherited as is)."""
+    if kind is MemberKind.ASYNC:
+        return _async_member(name, original(raw))
+    if kind is MemberKind.STREAM:
+        return _stream_member(name, original(raw))
+    if kind is MemberKind.ITERATION:
+        return _iteration_member(cls, raw, rules.get("__anext__"))
+    if kind is MemberKind.AWAIT:
+        return _await_member(cls, raw, rules.get("__await__"))
+    if kind is MemberKind.OWNED_CALL:
+        return _owned_call_member(name, original(raw), rules[name])
+    if kind is MemberKind.OWNED_STREAM:
+        fn = original(raw)
+        return _owned_stream_member(name, fn, rules[name], f"{fn.__qualname__}()")
+    if kind is MemberKind.PENDING:
+        return _pending_member(name, original(raw), rules[name])
+    if kind is MemberKind.OWNED_ATTR:
+        return _OwnedAttr(name, rules[name], f"{cls.__qualname__}.{name}")
+    if kind in (MemberKind.STABLE, MemberKind.THREADSAFE):
+        return _Passthrough(name)
+    if kind is MemberKind.SYNC:
+        return refused_member(cls.__qualname__, name, raw)
+    return class_level_member(name, raw)
 
 
 def _instance_attr(self: Any, name: str) -> Any:
@@ -513,11 +532,24 @@ def _instance_attr(self: Any, name: str) -> Any:
         opts: Options = get(self, "_lb_opts")
         value = getattr(target, name)
         return _own(value, rule, f"{type(target).__qualname__}.{name}", opts)
-    if name.startswith("__") and name.endswith("__"):
+    if is_special(name):
         raise AttributeError(name)
     if not hasattr(target, name):
         raise AttributeError(f"{type(target).__qualname__!r} object has no attribute {name!r}")
-    raise _refusal(type(target).__qualname__, name)
+    raise _dynamic_refusal(target, name)
+
+
+def _dynamic_refusal(target: Any, name: str) -> LoopAffinityError:
+    """The refusal of a member no class attribute describes: an instance attribute, or
+    one its class's ``__getattr__`` makes (often an async method: returns= is the fix)."""
+    try:
+        own = object.__getattribute__(target, "__dict__")
+    except AttributeError:
+        own = {}
+    cls_name = type(target).__qualname__
+    if name in own:
+        return refusal(cls_name, name, own[name], " (an instance attribute)")
+    return refusal(cls_name, name, None, f" (made by {cls_name}.__getattr__)")
 
 
 def _no_setattr(self: Any, name: str, value: Any = None) -> None:
@@ -592,7 +624,8 @@ def proxy(
 
 
 def _new_proxy(obj: Any, ownership: Ownership, window: int, grace: float, eager: bool) -> Any:
-    p: Any = object.__new__(_proxy_class(type(obj), ownership))  # a subclass of type(obj)
+    pcls, maker = _proxy_class(type(obj), ownership)
+    p: Any = maker(pcls)  # an empty instance of a subclass of type(obj)
     setattr_ = object.__setattr__
     setattr_(p, "_lb_target", obj)
     setattr_(p, "_lb_ownership", ownership)
@@ -760,7 +793,9 @@ def _blocking_member(pcls: type, name: str) -> Callable[..., Any] | None:
         )
     if member is None and fn is not None:
         member = _blocking_owned_member(name, raw, fn, kind)
-    if member is not None:
+    if member is None and name == "result":
+        member = _blocking_result(pcls)  # named by itself
+    elif member is not None:
         member.__name__ = name
         member.__qualname__ = fn.__qualname__  # type: ignore[union-attr]
         member.__doc__ = fn.__doc__
@@ -770,6 +805,23 @@ def _blocking_member(pcls: type, name: str) -> Callable[..., Any] | None:
         member.__annotations__ = annotations
     _blocking_members.setdefault(key, member)
     return _blocking_members[key]
+
+
+def _blocking_result(pcls: type) -> Callable[..., Any] | None:
+    """``blocking(p).result()`` of an awaitable proxy (a future's, say): waits for what
+    awaiting it gives.  None where awaiting the object is not marshalled."""
+    await_ = getattr(pcls, "__await__", None)
+    if getattr(await_, "__loopbridge_kind__", None) is not MemberKind.AWAIT:
+        return None
+    on_owner = await_.__loopbridge_on_owner__  # type: ignore[union-attr]
+    what = f"awaiting a {pcls.__qualname__.removesuffix('Proxy')} object"
+
+    def result(bound: _Bound, /) -> Any:
+        return call_from_thread(Call(on_owner, (bound.target, bound.opts), {}, what, bound.opts))
+
+    result.__qualname__ = f"{pcls.__qualname__}.result"
+    result.__doc__ = "Block until awaiting the object on its owner loop gives its result."
+    return result
 
 
 def _blocking_owned_member(

@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import collections.abc
 import contextlib
+import copy
+import dataclasses
+import math
+import operator
 import pickle
+import re
+import sys
 import types
 from collections.abc import AsyncIterator
 from typing import Any
@@ -148,17 +155,141 @@ def _data_model_names() -> set[str]:
     return names
 
 
+def _host(p: Any) -> Any:
+    """A class with ``p`` as a class attribute (descriptor protocol, ``__set_name__``)."""
+    return type("Host", (), {"attr": p})
+
+
+def _assign(p: Any) -> None:
+    x = p
+    x += 1  # __iadd__ and friends
+
+
+def _set_name(p: Any) -> None:
+    try:
+        _host(p)
+    except RuntimeError as exc:  # before 3.12 type() wraps what __set_name__ raised
+        if isinstance(exc.__cause__, lb.LoopAffinityError):
+            raise exc.__cause__ from None
+        raise
+
+
+def _delete(host: Any) -> None:
+    del host().attr
+
+
+def _plain(name: str) -> Any:
+    """No operator: Python calls it only by name (copy, pickle, metaclasses)."""
+    return lambda p: getattr(type(p), name)(p)
+
+
+#: How Python itself invokes each special method on an object: the operator, the
+#: builtin or the statement.  The drift guard applies these to a proxy.
+OPERATORS: dict[str, Any] = {
+    "__abs__": abs,
+    "__add__": lambda p: p + 1,
+    "__radd__": lambda p: 1 + p,
+    "__iadd__": _assign,
+    "__and__": lambda p: p & 1,
+    "__rand__": lambda p: 1 & p,
+    "__iand__": lambda p: operator.iand(p, 1),
+    "__or__": lambda p: p | 1,
+    "__ror__": lambda p: 1 | p,
+    "__ior__": lambda p: operator.ior(p, 1),
+    "__xor__": lambda p: p ^ 1,
+    "__rxor__": lambda p: 1 ^ p,
+    "__ixor__": lambda p: operator.ixor(p, 1),
+    "__sub__": lambda p: p - 1,
+    "__rsub__": lambda p: 1 - p,
+    "__isub__": lambda p: operator.isub(p, 1),
+    "__mul__": lambda p: p * 1,
+    "__rmul__": lambda p: 1 * p,
+    "__imul__": lambda p: operator.imul(p, 1),
+    "__truediv__": lambda p: p / 1,
+    "__rtruediv__": lambda p: 1 / p,
+    "__floordiv__": lambda p: p // 1,
+    "__rfloordiv__": lambda p: 1 // p,
+    "__mod__": lambda p: p % 1,
+    "__rmod__": lambda p: 1 % p,
+    "__divmod__": lambda p: divmod(p, 1),
+    "__rdivmod__": lambda p: divmod(1, p),
+    "__pow__": lambda p: p**1,
+    "__rpow__": lambda p: 1**p,
+    "__lshift__": lambda p: p << 1,
+    "__rlshift__": lambda p: 1 << p,
+    "__rshift__": lambda p: p >> 1,
+    "__rrshift__": lambda p: 1 >> p,
+    "__neg__": lambda p: -p,
+    "__pos__": lambda p: +p,
+    "__invert__": lambda p: ~p,
+    "__eq__": lambda p: p == p,
+    "__ne__": lambda p: p != p,
+    "__lt__": lambda p: p < p,
+    "__le__": lambda p: p <= p,
+    "__gt__": lambda p: p > p,
+    "__ge__": lambda p: p >= p,
+    "__hash__": hash,
+    "__bool__": bool,
+    "__len__": len,
+    "__length_hint__": operator.length_hint,
+    "__iter__": iter,
+    "__next__": next,
+    "__reversed__": reversed,
+    "__contains__": lambda p: 1 in p,
+    "__getitem__": lambda p: p[0],
+    "__setitem__": lambda p: operator.setitem(p, 0, 1),
+    "__delitem__": lambda p: operator.delitem(p, 0),
+    "__call__": lambda p: p(),
+    # `with` and `async with` need both halves; a class with one is no context manager.
+    "__enter__": _plain("__enter__"),
+    "__exit__": _plain("__exit__"),
+    "__index__": operator.index,
+    "__int__": int,
+    "__float__": float,
+    "__complex__": complex,
+    "__bytes__": bytes,
+    "__round__": round,
+    "__trunc__": math.trunc,
+    "__floor__": math.floor,
+    "__ceil__": math.ceil,
+    "__str__": str,
+    "__format__": lambda p: format(p, ""),
+    "__dir__": dir,
+    "__sizeof__": sys.getsizeof,
+    "__copy__": copy.copy,
+    "__get__": lambda p: _host(p).attr,
+    "__set__": lambda p: setattr(_host(p)(), "attr", 1),
+    "__delete__": lambda p: _delete(_host(p)),
+    "__set_name__": _set_name,
+    "__instancecheck__": lambda p: isinstance(1, p),
+    "__subclasscheck__": lambda p: issubclass(int, p),
+    "__mro_entries__": lambda p: types.new_class("Sub", (p,)),
+    "__aenter__": _plain("__aenter__"),
+    "__aexit__": _plain("__aexit__"),
+    "__anext__": lambda p: asyncio.run(anext(p)),
+    # Called by name only: there is no operator for these.
+    **{n: _plain(n) for n in ("__alloc__", "__getformat__", "__getnewargs__", "__getstate__")},
+    **{n: _plain(n) for n in ("__setstate__", "__prepare__", "__subclasses__")},
+}
+
+
 def test_drift_guard_no_special_method_is_inherited_silently(owner: lb.LoopThread) -> None:
     """For each special method name Python knows, a class that defines it as a
-    sync function gets a refusing proxy attribute (a sync ``__aiter__`` streams and a
-    sync ``__await__`` is awaited on the owner), and as an async function a
-    marshalled member, unless the proxy defines it itself."""
+    sync function gets a proxy whose *operator* raises LoopAffinityError naming it
+    (a sync ``__aiter__`` streams and a sync ``__await__`` is awaited on the
+    owner), and as an async function a marshalled member, unless the proxy
+    defines it itself.  The operators are applied for real: CPython's slots
+    swallow an error raised while a special method is looked up, so a refusing
+    attribute alone would let ``==`` give ``False`` and ``hash`` "unhashable"."""
     names = _data_model_names()
     assert {"__call__", "__len__", "__aiter__", "__anext__", "__aenter__", "__eq__"} <= names
+    assert not names - PROXY_OWNED_DUNDERS - {"__aiter__", "__await__"} - set(OPERATORS), (
+        "a special method name Python grew has no operator in OPERATORS: add how Python calls it"
+    )
     for name in sorted(names - PROXY_OWNED_DUNDERS):
 
-        def sync(self: Any, *args: Any) -> Any:
-            return None  # never called: only the proxy class is inspected
+        def sync(self: Any, *args: Any, _name: str = name) -> Any:
+            raise AssertionError(f"{_name} ran on the caller's side")
 
         async def async_(self: Any, *args: Any) -> Any:
             return asyncio.get_running_loop()
@@ -167,22 +298,73 @@ def test_drift_guard_no_special_method_is_inherited_silently(owner: lb.LoopThrea
             cls = type(f"Has{name.strip('_').title()}", (), {name: fn})
             obj = _on(owner, cls)
             lb.adopt(obj, loop=owner.loop)
-            pcls = type(lb.proxy(obj))
+            p = lb.proxy(obj)
             if not callable(getattr(cls, name, None)) or isinstance(
                 cls.__dict__[name], (staticmethod, classmethod)
             ):
                 continue  # made a class or static method by Python itself (__new__...)
-            member = pcls.__dict__.get(name)
+            member = type(p).__dict__.get(name)
             assert member is not None, f"{name} ({want}) is inherited as is"
             kind = getattr(member, "__loopbridge_kind__", None)
-            if want == "marshalled":
-                assert kind is not None, f"async {name} is not marshalled"
-            elif name == "__aiter__":
-                assert kind is not None, "a sync __aiter__ does not stream the iteration"
-            elif name == "__await__":
-                assert kind is not None, "a sync __await__ does not marshal awaiting"
-            else:
-                assert type(member).__name__ == "_Refused", f"sync {name} is not refused"
+            if want == "marshalled" or name in ("__aiter__", "__await__"):
+                assert kind is not None, f"{name} ({want}) is not marshalled"
+                continue
+            with pytest.raises(lb.LoopAffinityError, match=re.escape(f"{cls.__qualname__}.{name}")):
+                OPERATORS[name](p)
+
+
+@dataclasses.dataclass(order=True)
+class Point:
+    x: int
+    y: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    x: int
+
+
+@pytest.mark.parametrize(
+    "make, ops",
+    [
+        # (`!=` is object's __ne__, which calls __eq__: the error names __eq__.)
+        (lambda: Point(1, 2), ["__eq__", "__lt__", "__le__", "__gt__", "__ge__"]),
+        (lambda: Frozen(1), ["__eq__", "__hash__"]),
+        (lambda: collections.deque([1, 2]), ["__len__", "__iter__", "__eq__", "__contains__"]),
+        (lambda: collections.deque([1, 2]), ["__reversed__", "__add__", "__getitem__", "__copy__"]),
+    ],
+)
+def test_operators_through_a_proxy_raise_naming_the_special_method(
+    owner: lb.LoopThread, make: Any, ops: list[str]
+) -> None:
+    """Dataclasses and a C type (deque): ``pa == pb`` used to give ``False`` for two
+    equal points, ``<``, ``hash()`` and ``iter()`` Python's plain TypeError, and a
+    deque's proxy its own empty deque's answers."""
+
+    async def adopted() -> Any:
+        return lb.adopt(make())
+
+    p, q = lb.proxy(owner.run(adopted)), lb.proxy(owner.run(adopted))
+    assert isinstance(p, type(lb.unwrap(p)))
+    for name in ops:
+        with pytest.raises(lb.LoopAffinityError, match=re.escape(name)):
+            OPERATORS[name](p)
+    if "__eq__" in ops:
+        with pytest.raises(lb.LoopAffinityError, match="__eq__"):
+            assert p == q
+        with pytest.raises(lb.LoopAffinityError, match=r"__(eq|ne)__"):
+            assert p != q
+
+
+def test_an_unhashable_class_stays_unhashable_through_its_proxy(owner: lb.LoopThread) -> None:
+    """``__hash__ = None`` (a dataclass with eq) is no method: the proxy has the
+    object's own effect, Python's TypeError, as it is safe."""
+
+    async def adopted() -> Any:
+        return lb.adopt(Point(1, 2))
+
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(lb.proxy(owner.run(adopted)))
 
 
 @lb.loop_affine
