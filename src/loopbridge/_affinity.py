@@ -20,7 +20,7 @@ from typing import Any
 from ._codegen import build
 from ._compat import get_running_loop, mark_coroutine_function
 from ._errors import LoopAffinityError
-from ._ownership import _ATTR, ON_OWNER
+from ._ownership import _ATTR, ON_OWNER, ownership_of
 
 __all__ = ["set_affinity_check", "guarded", "original"]
 
@@ -56,16 +56,17 @@ def _affinity_violation(self: Any, fn: Callable[..., Any], loop: Any, owner: Any
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]:
     """Wrap an async member so direct use from a foreign loop is caught at the call site.
 
     The wrapper has the member's exact signature where it can be mirrored
     (``*args, **kwargs`` forwarding costs more than the check itself) and
     inlines :data:`ON_OWNER`; only off the owner's loop does it call the slow
-    half, :func:`_check`.
+    half, :func:`_check`.  ``slotted``: the instances keep their record in the
+    ``__loopbridge_ownership__`` slot (they have no ``__dict__``).
     """
     guarded = build(
-        _GUARD,
+        _GUARD_SLOT if slotted else _GUARD,
         fn,
         "check",
         __lb_fn=fn,
@@ -83,7 +84,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _check(self: Any, fn: Callable[..., Any]) -> None:
     """The slow half of the check: this thread does not run the owner loop."""
-    ownership = self.__dict__.get(_ATTR)
+    ownership = ownership_of(self)
     if ownership is None:
         return
     owner = ownership.owner.loop
@@ -109,6 +110,8 @@ def make({make_params}):
     return guarded
 """
 )
+# The same, for instances without a __dict__: the record is in a slot.
+_GUARD_SLOT = _GUARD.replace("{self}.__dict__.get(__lb_key)", "getattr({self}, __lb_key, None)")
 
 
 def original(fn: Any) -> Any:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, overload
 
 from ._affinity import guarded
 from ._compat import get_running_loop
 from ._errors import LoopAffinityError, OwnerLoopClosed
-from ._ownership import Ownership, attach, ownership_of
+from ._ownership import _ATTR, Ownership, attach, ownership_of
 from ._ports import rearm
 from ._returns import Owned, check_rules, names
 
@@ -172,20 +173,93 @@ def loop_affine(
         @functools.wraps(original_init)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             if ownership_of(self) is None:
-                s, t, r = _class_spec(type(self))
-                name = f"{type(self).__qualname__} object"
-                attach(self, Ownership(get_running_loop(), s, t, name, r))
+                _own_new_instance(self)
             original_init(self, *args, **kwargs)
 
         klass.__init__ = __init__  # type: ignore[misc]
+        _reduce_without_record(klass)
+        slotted = not _has_dict(klass)
         for name, value in list(vars(klass).items()):
             if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value):
-                setattr(klass, name, guarded(value))
-        return klass
+                setattr(klass, name, guarded(value, slotted))
+        return _with_ownership_slot(klass) if slotted else klass
 
     if cls is not None:
         return decorate(cls)
     return decorate
+
+
+def _own_new_instance(obj: Any) -> None:
+    """Attach a new instance's own record: owned by the running loop, if any."""
+    s, t, r = _class_spec(type(obj))
+    attach(obj, Ownership(get_running_loop(), s, t, f"{type(obj).__qualname__} object", r))
+
+
+# ------------------------------------------------------------- copy and pickle
+# A copy (copy.copy, copy.deepcopy) or an unpickled instance of a @loop_affine
+# class is a new object: like one constructed, it gets its own record, owned by
+# the loop running where it is made, so transfer() of a copy never moves the
+# original.  Everything else pickles and copies as the undecorated class does:
+# its own __reduce__/__getstate__/__setstate__ run, minus loopbridge's record.
+
+
+def _reduce_without_record(klass: type) -> None:
+    base: Callable[[Any, Any], Any] = klass.__reduce_ex__  # type: ignore[assignment]
+    if getattr(base, "__loopbridge_reduce__", False):
+        return  # a decorated base's already does it
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        rv = base(self, protocol)
+        if isinstance(rv, str) or not isinstance(rv, tuple) or len(rv) < 2:
+            return rv  # a global's name, or what the class's own reduce made of it
+        fn, args, *rest = rv
+        if rest:
+            rest[0] = _state_without_record(rest[0])
+        return (_remade, (fn, args), *rest)
+
+    __reduce_ex__.__loopbridge_reduce__ = True  # type: ignore[attr-defined]
+    __reduce_ex__.__qualname__ = f"{klass.__qualname__}.__reduce_ex__"
+    klass.__reduce_ex__ = __reduce_ex__  # type: ignore[method-assign, assignment]
+
+
+def _state_without_record(state: Any) -> Any:
+    if type(state) is dict and _ATTR in state:
+        return {k: v for k, v in state.items() if k != _ATTR}
+    if type(state) is tuple and len(state) == 2:  # (__dict__, slots)
+        return tuple(_state_without_record(part) for part in state)
+    return state
+
+
+def _remade(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Make the copy (or unpickled object) as the class's reduce says; give it its record."""
+    obj = fn(*args)
+    if ownership_of(obj) is None:  # not made by __init__ (copyreg.__newobj__)
+        _own_new_instance(obj)
+    return obj
+
+
+def _has_dict(cls: type) -> bool:
+    """Whether instances of ``cls`` have a ``__dict__`` (no ``__slots__`` somewhere)."""
+    return bool(getattr(cls, "__dictoffset__", 0))
+
+
+def _with_ownership_slot(klass: C) -> C:
+    """A class whose instances have no ``__dict__`` gets a slot for their record.
+
+    Without one the record would have to live in a table keyed by the
+    instance, which keeps every instance of a class without ``__weakref__``
+    alive for ever.  The decorator returns this subclass, with the class's own
+    name; it adds nothing but the slot.
+    """
+    if isinstance(getattr(klass, _ATTR, None), types.MemberDescriptorType):
+        return klass  # a base already has the slot
+    ns = {
+        "__slots__": (_ATTR,),
+        "__module__": klass.__module__,
+        "__qualname__": klass.__qualname__,
+        "__doc__": klass.__doc__,
+    }
+    return type(klass)(klass.__name__, (klass,), ns)
 
 
 def _unproxy(obj: object) -> object:

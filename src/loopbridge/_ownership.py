@@ -56,6 +56,7 @@ class Ownership:
         "_lock",
         "name",
         "metrics",
+        "obj_id",
         "__weakref__",
     )
 
@@ -77,6 +78,13 @@ class Ownership:
         self._lock = threading.Lock()
         self.name = name
         self.metrics = Metrics._create(name)
+        self.obj_id = 0  # id() of the object it is attached to (attach sets it)
+
+    def __reduce__(self) -> Any:
+        # A record belongs to one object in one process: a copy or an unpickled
+        # object has none (a @loop_affine class gives its copies their own, see
+        # _declare), never this one, and pickling it never fails on its contents.
+        return (_no_record, ())
 
     def spec_key(self) -> tuple[frozenset[str], frozenset[str], frozenset[tuple[str, Any]]]:
         """The declarations as one hashable value (a proxy class is cached by it)."""
@@ -181,19 +189,25 @@ on_owner_thread.__doc__ = "True when the owner loop is the loop running on this 
 _foreign: dict[int, tuple[Any, Ownership]] = {}
 
 
+def _no_record() -> None:
+    return None
+
+
 def ownership_of(obj: object) -> Ownership | None:
+    """The record attached to ``obj`` itself (a shallow copy's shared one is not its own)."""
     d = getattr(obj, "__dict__", None)
+    ownership: Ownership | None = None
     if type(d) is dict:
         ownership = d.get(_ATTR)
-        if ownership is not None:
-            return ownership  # type: ignore[no-any-return]
     else:
         slot = getattr(type(obj), _ATTR, None)
         if slot is not None and hasattr(slot, "__get__"):
             try:
-                return slot.__get__(obj, type(obj))  # type: ignore[no-any-return]
+                ownership = slot.__get__(obj, type(obj))
             except AttributeError:  # made without __init__ (copy, pickle)
                 pass
+    if ownership is not None:
+        return ownership if ownership.obj_id == id(obj) else None
     entry = _foreign.get(id(obj))
     if entry is None:
         return None
@@ -203,6 +217,7 @@ def ownership_of(obj: object) -> Ownership | None:
 
 
 def attach(obj: object, ownership: Ownership) -> None:
+    ownership.obj_id = id(obj)
     d = getattr(obj, "__dict__", None)
     if type(d) is dict:
         d[_ATTR] = ownership
