@@ -14,8 +14,11 @@ when the caller first does one of the three things such a result is for:
   gives back the object);
 * ``async for item in pending``: it is iterated there, as a stream, and each
   item follows the rule's ``"__anext__"``.  Left early, the iterator is closed
-  there and the object's ``cancel()``, if it has one, is called (a grpc call
-  or a future goes on until cancelled).
+  there, and if the object is an operation in flight (it follows the future
+  protocol: ``cancel``, ``cancelled``, ``done``, ``add_done_callback``, as a
+  grpc.aio call and a future do, and goes on until cancelled) it is cancelled
+  there.  Any other object's ``cancel()`` (an order's, a booking's) is its
+  business and never called.
 
 Invariants:
 
@@ -27,6 +30,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -181,6 +186,19 @@ async def _iterate_on_owner(p: Pending) -> AsyncIterator[Any]:
                 if aclose is not None:
                     await aclose()
             finally:
-                cancel = getattr(obj, "cancel", None)
-                if callable(cancel):
-                    cancel()
+                if is_operation(obj):
+                    obj.cancel()
+
+
+#: What an operation in flight has (asyncio's and concurrent.futures' futures,
+#: grpc.aio's calls): only such an object is cancelled when left early.  A
+#: ``cancel()`` alone says nothing: an order or a booking has one too.
+_FUTURE_PROTOCOL = ("cancel", "cancelled", "done", "add_done_callback")
+
+
+def is_operation(obj: Any) -> bool:
+    """Whether ``obj`` follows the future protocol (it is an operation in flight)."""
+    if isinstance(obj, (asyncio.Future, concurrent.futures.Future)):
+        return True
+    cls = type(obj)
+    return all(callable(getattr(cls, name, None)) for name in _FUTURE_PROTOCOL)

@@ -305,7 +305,7 @@ class Call:
     def __init__(self, n: int) -> None:
         self._loop = asyncio.get_running_loop()
         self.n = n
-        self.cancelled = False
+        self.was_cancelled = False
 
     def __await__(self) -> Any:
         return self._result().__await__()
@@ -322,10 +322,20 @@ class Call:
         for i in range(self.n):
             yield i
 
+    # The future protocol, as grpc.aio's calls have it: an operation in flight.
     def cancel(self) -> bool:
         assert asyncio.get_running_loop() is self._loop
-        self.cancelled = True
+        self.was_cancelled = True
         return True
+
+    def cancelled(self) -> bool:
+        return self.was_cancelled
+
+    def done(self) -> bool:
+        return self.was_cancelled
+
+    def add_done_callback(self, fn: Any) -> None:
+        raise NotImplementedError
 
 
 class MultiCallable:
@@ -365,7 +375,7 @@ def test_stub_attributes_callables_and_calls(owner: lb.LoopThread) -> None:
     assert b.method(5).result() == 50
     assert list(b.method(2)) == [0, 1]
     assert stub.method.calls == 6  # each call made once, on the owner
-    assert not any(call.cancelled for call in stub.method.made)  # all ran to the end
+    assert not any(call.was_cancelled for call in stub.method.made)  # all ran to the end
 
 
 def test_a_call_iterated_and_left_early_is_cancelled_on_the_owner(owner: lb.LoopThread) -> None:
@@ -388,7 +398,58 @@ def test_a_call_iterated_and_left_early_is_cancelled_on_the_owner(owner: lb.Loop
         lb.blocking(p).method(1),
     ):
         pass
-    assert [call.cancelled for call in stub.method.made] == [True, True, False]
+    assert [call.was_cancelled for call in stub.method.made] == [True, True, False]
+
+
+class Order:
+    """A business object with a ``cancel()`` of its own, iterable for its lines."""
+
+    def __init__(self) -> None:
+        self.cancelled_by: list[str] = []
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        while True:  # longer than any read-ahead: the consumer leaves early
+            yield "tea"
+
+    def cancel(self) -> None:
+        self.cancelled_by.append("loopbridge")
+
+
+class Shop:
+    def __init__(self) -> None:
+        self.orders: list[Order] = []
+
+    def order(self) -> Order:
+        self.orders.append(Order())
+        return self.orders[-1]
+
+
+def test_leaving_early_never_calls_a_business_objects_cancel(owner: lb.LoopThread) -> None:
+    """On 3e67832 a break out of `async for` over a pending result called the
+    object's cancel() whatever it was: an order was cancelled."""
+
+    async def make() -> Shop:
+        return lb.adopt(Shop(), returns={"order": Owned()})
+
+    shop = owner.run(make)
+    p = lb.proxy(shop)
+
+    async def main() -> None:
+        lines = p.order().__aiter__()
+        assert await lines.__anext__() == "tea"
+        await lines.aclose()  # type: ignore[attr-defined]  # waits for the owner's cleanup
+
+    asyncio.run(main())
+    with iter(lb.blocking(p).order()) as lines:  # type: ignore[attr-defined]
+        assert next(lines) == "tea"  # leaving the block waits for the owner's cleanup
+
+    async def cancelled() -> list[list[str]]:
+        return [o.cancelled_by for o in shop.orders]
+
+    assert owner.run(cancelled) == [[], []]
 
 
 # ------------------------------------------------------------------ cancellation
