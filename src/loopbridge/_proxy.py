@@ -531,12 +531,30 @@ def _instance_attr(self: Any, name: str) -> Any:
     if rule is not None:  # an instance attribute holding an owned object (a grpc stub's)
         opts: Options = get(self, "_lb_opts")
         value = getattr(target, name)
-        return _own(value, rule, f"{type(target).__qualname__}.{name}", opts)
+        what = f"{type(target).__qualname__}.{name}"
+        if inspect.ismethod(value) or inspect.isfunction(value):
+            return _pending_factory(value, rule, opts, f"{what}()")
+        return _own(value, rule, what, opts)
     if is_special(name):
         raise AttributeError(name)
     if not hasattr(target, name):
         raise AttributeError(f"{type(target).__qualname__!r} object has no attribute {name!r}")
     raise _dynamic_refusal(target, name)
+
+
+def _pending_factory(
+    fn: Callable[..., Any], rule: Owned, opts: Options, what: str
+) -> Callable[..., Any]:
+    """A method no class attribute describes (an instance's, or one ``__getattr__``
+    makes) with a returns rule: like a sync member with one, calling it gives a
+    pending result, and the method runs on the owner when that is first used."""
+
+    def call(*args: Any, **kwargs: Any) -> Pending:
+        return Pending(fn, args, kwargs, rule, opts, what, _own)
+
+    call.__name__ = getattr(fn, "__name__", "call")
+    call.__loopbridge_kind__ = MemberKind.PENDING  # type: ignore[attr-defined]
+    return call
 
 
 def _dynamic_refusal(target: Any, name: str) -> LoopAffinityError:
@@ -693,8 +711,11 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
         unbound = _blocking_member(type(p), name)
         if unbound is None:
             value = getattr(p, name)  # passthrough, or the proxy's own refusal
-            if _is_proxy(value) and name in get(p, "_lb_ownership").returns:
-                return Blocking._create(value)  # an owned data member: its face too
+            if name in get(p, "_lb_ownership").returns:
+                if _is_proxy(value):
+                    return Blocking._create(value)  # an owned data member: its face too
+                if getattr(value, "__loopbridge_kind__", None) is MemberKind.PENDING:
+                    return lambda *a, **k: Blocking._create(value(*a, **k))
             return value
         member = members[name] = types.MethodType(
             unbound, _Bound(get(p, "_lb_target"), get(p, "_lb_opts"))
