@@ -18,9 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ._codegen import build
-from ._compat import get_running_loop, mark_coroutine_function
+from ._compat import get_running_loop, mark_coroutine_function, thread_id_of
 from ._errors import LoopAffinityError
+from ._labels import loop_and_thread
 from ._ownership import _ATTR, ON_OWNER, ownership_of
+from ._ports import PORT_ATTR
 
 __all__ = ["set_affinity_check", "guarded", "original"]
 
@@ -46,14 +48,24 @@ def set_affinity_check(mode: str) -> str:
 
 
 def _affinity_violation(self: Any, fn: Callable[..., Any], loop: Any, owner: Any) -> None:
+    here = loop_and_thread(loop, _get_ident())
+    there = loop_and_thread(owner.loop, owner.thread or _owner_thread(owner.loop))
     msg = (
-        f"{type(self).__qualname__}.{fn.__name__}() called from {loop!r}, but the object "
-        f"belongs to {owner!r}. Call it through loopbridge.proxy(obj) instead, which runs "
+        f"{type(self).__qualname__}.{fn.__name__}() called from {here}, but the object "
+        f"belongs to {there}. Call it through loopbridge.proxy(obj) instead, which runs "
         "it on the owner loop."
     )
     if _Policy.mode == "raise":
         raise LoopAffinityError(msg)
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _owner_thread(loop: Any) -> int | None:
+    """The thread running ``loop``: stock loops say; for others, their port saw it."""
+    ident = thread_id_of(loop)
+    if ident is None:
+        ident = getattr(getattr(loop, PORT_ATTR, None), "thread_id", None)
+    return ident
 
 
 def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]:
@@ -87,11 +99,11 @@ def _check(self: Any, fn: Callable[..., Any]) -> None:
     ownership = ownership_of(self)
     if ownership is None:
         return
-    owner = ownership.owner.loop
-    if owner is None or _Policy.mode == "off":
+    owner = ownership.owner
+    if owner.loop is None or _Policy.mode == "off":
         return
     loop = get_running_loop()
-    if loop is not owner and loop is not None:
+    if loop is not owner.loop and loop is not None:
         _affinity_violation(self, fn, loop, owner)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ._compat import live_thread
 
-__all__ = ["loop_label", "thread_name"]
+__all__ = ["loop_label", "thread_name", "loop_and_thread"]
 
 
 def loop_label(loop: object) -> str:
@@ -22,3 +22,12 @@ def thread_name(ident: int | None) -> str:
     """The name of the live thread ``ident``, or ``"thread <ident>"``."""
     thread = live_thread(ident) if ident is not None else None
     return thread.name if thread is not None else f"thread {ident}"
+
+
+def loop_and_thread(loop: object | None, ident: int | None) -> str:
+    """``"asyncio loop 0x7f... on thread 'owner' (id 1401...)"``: two loops of one kind
+    have the same ``repr``, so an error that names two says which is which."""
+    where = f"thread {thread_name(ident)!r} (id {ident})" if ident is not None else "no thread yet"
+    if loop is None:
+        return f"no asyncio loop (trio, or none running) on {where}"
+    return f"{loop_label(loop)} on {where}"

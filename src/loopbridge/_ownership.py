@@ -129,11 +129,20 @@ class Owner:
     (see _compat), so "is this thread running the owner?" is one comparison.
     """
 
-    __slots__ = ("loop", "tid_check")
+    __slots__ = ("loop", "tid_check", "thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.loop = loop
         self.tid_check = is_stock_loop(loop)
+        # The thread running the loop, where that is known here (errors name it;
+        # uvloop does not say): the owner is the running loop, or a stock one.
+        self.thread: int | None = (
+            _get_ident()
+            if loop is not None and loop is get_running_loop()
+            else getattr(loop, THREAD_ID_ATTR, None)
+            if self.tid_check
+            else None
+        )
 
     def __bool__(self) -> bool:
         return True  # lets templates bind it inside a condition (``(o := ...) and ...``)

@@ -881,10 +881,13 @@ def blocking(p: T) -> Blocking[T]:
     """The blocking face of a proxy (or of a loop-affine object) for plain threads.
 
     Also takes what a sync member with a ``returns`` rule gave back through a
-    proxy (a pending result): its face enters, iterates and waits for it.
+    proxy (a pending result): its face enters, iterates and waits for it.  A
+    blocking face is returned unchanged.
     """
     if type(p) is Pending:
         return cast("Blocking[T]", Blocking._create(p))
+    if type(p) is Blocking:
+        return cast("Blocking[T]", p)  # already the face, as proxy(p) of a proxy is p
     if not getattr(type(p), "__loopbridge_proxy__", False):
         p = proxy(p)
     return cast("Blocking[T]", Blocking._create(p))

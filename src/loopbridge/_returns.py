@@ -142,7 +142,32 @@ def _bound_kind(value: Any) -> str | None:
         return type(value).__qualname__
     if inspect.iscoroutine(value) or inspect.isasyncgen(value):
         return f"not yet run {type(value).__qualname__}"
+    if _binds_a_loop(value):
+        # asyncio's Queue, Event, Lock...: _loop is None until first used, then
+        # the loop that used it; crossing one unbound binds it to the wrong loop.
+        return f"{type(value).__qualname__} (it binds to the first loop that uses it)"
     return None
+
+
+_loop_classes: dict[type, bool] = {}
+
+
+def _binds_a_loop(value: Any) -> bool:
+    """Whether ``value`` keeps a ``_loop`` that is not set yet (``None``): its own, or
+    its class's (asyncio's primitives declare ``_loop = None`` on the class)."""
+    try:
+        d = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        d = None
+    if type(d) is dict and "_loop" in d:
+        return d["_loop"] is None
+    cls = type(value)
+    found = _loop_classes.get(cls)
+    if found is None:
+        found = _loop_classes.setdefault(
+            cls, any(k.__dict__.get("_loop", 0) is None for k in cls.__mro__)
+        )
+    return found
 
 
 def loop_state(obj: Any) -> str | None:
@@ -151,8 +176,9 @@ def loop_state(obj: Any) -> str | None:
     Loop-bound: holding an event loop, being or holding a future or task, a
     transport, an unstarted coroutine or async generator (which would run on
     whoever awaits it), or an object with a ``_loop`` (asyncio's primitives,
-    streams, and most async clients' objects keep their loop there).  Checked
-    for ``obj`` itself and each of its attributes.
+    streams, and most async clients' objects keep their loop there), set or
+    still ``None`` (a fresh Queue or Event binds to the first loop that uses
+    it).  Checked for ``obj`` itself and each of its attributes.
     """
     if isinstance(obj, asyncio.AbstractEventLoop):
         return None  # the loop itself: its thread-safe methods are for other threads
