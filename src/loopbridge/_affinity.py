@@ -23,6 +23,7 @@ from ._errors import LoopAffinityError
 from ._labels import loop_and_thread
 from ._ownership import _ATTR, ON_OWNER, ownership_of
 from ._ports import PORT_ATTR
+from ._trio import in_trio_run
 
 __all__ = ["set_affinity_check", "guarded", "original"]
 
@@ -69,16 +70,25 @@ def _owner_thread(loop: Any) -> int | None:
 
 
 def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]:
-    """Wrap an async member so direct use from a foreign loop is caught at the call site.
+    """Wrap an async member so direct use off its owner loop is caught.
 
-    The wrapper has the member's exact signature where it can be mirrored
-    (``*args, **kwargs`` forwarding costs more than the check itself) and
-    inlines :data:`ON_OWNER`; only off the owner's loop does it call the slow
-    half, :func:`_check`.  ``slotted``: the instances keep their record in the
-    ``__loopbridge_ownership__`` slot (they have no ``__dict__``).
+    A coroutine function's wrapper is itself a coroutine function whose first
+    step runs the check: the check runs where the coroutine runs, whoever made
+    it (``asyncio.run(obj.m())`` from a plain thread, a coroutine made on the
+    owner and sent to another loop with ``run_coroutine_threadsafe``, direct use
+    under trio).  An async generator function's wrapper checks where the
+    generator is made.  Each wrapper has the member's exact signature where it
+    can be mirrored (``*args, **kwargs`` forwarding costs more than the check
+    itself) and inlines :data:`ON_OWNER`; only off the owner's loop does it call
+    the slow half, :func:`_check`.  ``slotted``: the instances keep their record
+    in the ``__loopbridge_ownership__`` slot (they have no ``__dict__``).
     """
+    coro = inspect.iscoroutinefunction(fn)
+    template = _GUARD_CORO if coro else _GUARD
+    if slotted:
+        template = template.replace(_FROM_DICT, _FROM_SLOT)
     guarded = build(
-        _GUARD_SLOT if slotted else _GUARD,
+        template,
         fn,
         "check",
         __lb_fn=fn,
@@ -89,13 +99,18 @@ def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]
     )
     functools.update_wrapper(guarded, fn)
     setattr(guarded, _ORIGINAL, fn)
-    if inspect.iscoroutinefunction(fn):
-        mark_coroutine_function(guarded)
+    if coro and not inspect.iscoroutinefunction(guarded):
+        mark_coroutine_function(guarded)  # plain forwarding of a decorated coroutine function
     return guarded
 
 
-def _check(self: Any, fn: Callable[..., Any]) -> None:
-    """The slow half of the check: this thread does not run the owner loop."""
+def _check(self: Any, fn: Callable[..., Any], first_step: bool = False) -> None:
+    """The slow half of the check: this thread does not run the owner loop.
+
+    At a coroutine's first step (``first_step``) no running asyncio loop is
+    a violation too: the coroutine runs under trio, or is driven by hand.
+    Where a generator is made, no loop is fine: it may be handed to the owner.
+    """
     ownership = ownership_of(self)
     if ownership is None:
         return
@@ -103,18 +118,23 @@ def _check(self: Any, fn: Callable[..., Any]) -> None:
     if owner.loop is None or _Policy.mode == "off":
         return
     loop = get_running_loop()
-    if loop is not owner.loop and loop is not None:
+    if loop is not owner.loop and (loop is not None or first_step or in_trio_run()):
         _affinity_violation(self, fn, loop, owner)
 
+
+_ON_OWNER_TEST = """
+        __lb_ownership = {self}.__dict__.get(__lb_key)
+        if __lb_ownership is not None and not (
+            (__lb_owner := __lb_ownership.owner) and """ + ON_OWNER.format(owner="__lb_owner")
+_FROM_DICT = "{self}.__dict__.get(__lb_key)"
+# Instances without a __dict__ keep the record in a slot.
+_FROM_SLOT = "getattr({self}, __lb_key, None)"
 
 _GUARD = (
     """
 def make({make_params}):
-    def guarded({params}):
-        __lb_ownership = {self}.__dict__.get(__lb_key)
-        if __lb_ownership is not None and not (
-            (__lb_owner := __lb_ownership.owner) and """
-    + ON_OWNER.format(owner="__lb_owner")
+    def guarded({params}):"""
+    + _ON_OWNER_TEST
     + """
         ):
             __lb_check({self}, __lb_fn)
@@ -122,8 +142,19 @@ def make({make_params}):
     return guarded
 """
 )
-# The same, for instances without a __dict__: the record is in a slot.
-_GUARD_SLOT = _GUARD.replace("{self}.__dict__.get(__lb_key)", "getattr({self}, __lb_key, None)")
+# A coroutine function's: the same test, at the coroutine's first step.
+_GUARD_CORO = (
+    """
+def make({make_params}):
+    async def guarded({params}):"""
+    + _ON_OWNER_TEST
+    + """
+        ):
+            __lb_check({self}, __lb_fn, True)
+        return await __lb_fn({self}, {args})
+    return guarded
+"""
+)
 
 
 def original(fn: Any) -> Any:

@@ -10,7 +10,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, overload
 
-from ._affinity import guarded
+from ._affinity import guarded, original
 from ._compat import get_running_loop
 from ._errors import LoopAffinityError, OwnerLoopClosed
 from ._ownership import _ATTR, Ownership, attach, ownership_of
@@ -167,26 +167,64 @@ def loop_affine(
             base_threadsafe | threadsafe_set,
             {**base_returns, **rules},
         )
-        # mypy flags reading __init__ off a class object; this is the class's own one.
-        original_init = klass.__init__  # type: ignore[misc, unused-ignore]
-
-        @functools.wraps(original_init)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            if ownership_of(self) is None:
-                _own_new_instance(self)
-            original_init(self, *args, **kwargs)
-
-        klass.__init__ = __init__  # type: ignore[misc]
+        _wrap_init(klass)
         _reduce_without_record(klass)
         slotted = not _has_dict(klass)
-        for name, value in list(vars(klass).items()):
-            if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value):
-                setattr(klass, name, guarded(value, slotted))
-        return _with_ownership_slot(klass) if slotted else klass
+        _guard_members(klass, slotted)
+        klass = _with_ownership_slot(klass) if slotted else klass
+        _guard_subclasses(klass)
+        return klass
 
     if cls is not None:
         return decorate(cls)
     return decorate
+
+
+def _wrap_init(klass: type) -> None:
+    """Instances get their record before the class's own ``__init__`` runs."""
+    # mypy flags reading __init__ off a class object; this is the class's own one.
+    original_init = klass.__init__  # type: ignore[misc, unused-ignore]
+    if getattr(original_init, "__loopbridge_init__", None) is klass:
+        return  # wrapped already (a decorated subclass's, by its base's hook)
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if ownership_of(self) is None:
+            _own_new_instance(self)
+        original_init(self, *args, **kwargs)
+
+    __init__.__loopbridge_init__ = klass  # type: ignore[attr-defined]
+    klass.__init__ = __init__  # type: ignore[misc]
+
+
+def _guard_members(klass: type, slotted: bool) -> None:
+    """The always-on check on the async members ``klass`` defines itself."""
+    for name, value in list(vars(klass).items()):
+        if original(value) is not value:
+            continue  # guarded already (a decorated subclass's, by its base's hook)
+        if inspect.iscoroutinefunction(value) or inspect.isasyncgenfunction(value):
+            setattr(klass, name, guarded(value, slotted))
+
+
+def _guard_subclasses(klass: type) -> None:
+    """Declarations are inherited, and so is the check: an undecorated subclass's own
+    async members are guarded, and its own ``__init__`` gives instances a record,
+    when the subclass is made (``__init_subclass__``)."""
+    own = klass.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:
+        if own is not None:
+            own.__func__(cls, **kwargs)
+        else:
+            super(klass, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
+        if cls.__dict__.get("__loopbridge_proxy__") or not issubclass(cls, klass):
+            return  # a proxy class: its members are its own
+        if "__init__" in cls.__dict__:
+            _wrap_init(cls)
+        slot = getattr(cls, _ATTR, None)
+        _guard_members(cls, isinstance(slot, types.MemberDescriptorType))
+
+    klass.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
 
 
 def _own_new_instance(obj: Any) -> None:

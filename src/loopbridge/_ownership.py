@@ -16,7 +16,7 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from types import MappingProxyType, MemberDescriptorType
 from typing import Any
 
 from ._codegen import compile_function
@@ -204,17 +204,17 @@ def _no_record() -> None:
 
 def ownership_of(obj: object) -> Ownership | None:
     """The record attached to ``obj`` itself (a shallow copy's shared one is not its own)."""
-    d = getattr(obj, "__dict__", None)
     ownership: Ownership | None = None
-    if type(d) is dict:
-        ownership = d.get(_ATTR)
+    slot = getattr(type(obj), _ATTR, None)
+    if type(slot) is MemberDescriptorType:  # a slot @loop_affine added (see _declare)
+        try:
+            ownership = slot.__get__(obj, type(obj))
+        except AttributeError:  # made without __init__ (copy, pickle)
+            pass
     else:
-        slot = getattr(type(obj), _ATTR, None)
-        if slot is not None and hasattr(slot, "__get__"):
-            try:
-                ownership = slot.__get__(obj, type(obj))
-            except AttributeError:  # made without __init__ (copy, pickle)
-                pass
+        d = getattr(obj, "__dict__", None)
+        if type(d) is dict:
+            ownership = d.get(_ATTR)
     if ownership is not None:
         return ownership if ownership.obj_id == id(obj) else None
     entry = _foreign.get(id(obj))
@@ -227,13 +227,13 @@ def ownership_of(obj: object) -> Ownership | None:
 
 def attach(obj: object, ownership: Ownership) -> None:
     ownership.obj_id = id(obj)
+    slot = getattr(type(obj), _ATTR, None)
+    if type(slot) is MemberDescriptorType:
+        slot.__set__(obj, ownership)
+        return
     d = getattr(obj, "__dict__", None)
     if type(d) is dict:
         d[_ATTR] = ownership
-        return
-    slot = getattr(type(obj), _ATTR, None)
-    if slot is not None and hasattr(slot, "__set__"):
-        slot.__set__(obj, ownership)
         return
     key = id(obj)
     try:

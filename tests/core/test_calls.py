@@ -207,9 +207,9 @@ def test_affinity_check_policy(owner: lb.LoopThread, engine: Engine) -> None:
         old = lb.set_affinity_check("warn")
         try:
             with pytest.warns(RuntimeWarning, match="proxy"):
-                engine.echo(1).close()
+                assert await engine.echo(1) == 1  # warned at its first step, then run here
             lb.set_affinity_check("off")
-            engine.echo(1).close()  # no check at all
+            assert await engine.echo(2) == 2  # no check at all
         finally:
             lb.set_affinity_check(old)
         with pytest.raises(ValueError):

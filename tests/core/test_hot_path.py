@@ -75,7 +75,7 @@ def test_proxy_member_renderings_route_alike(owner: lb.LoopThread, rendering: st
 def test_affinity_check_renderings_alike(asyncio_owner: lb.LoopThread, rendering: str) -> None:
     fn = _affinity.original(Adder.__dict__["add"])
     guarded = _codegen.build(
-        _affinity._GUARD,
+        _affinity._GUARD_CORO,
         fn,
         "check",
         generic=rendering == "generic",

@@ -1,0 +1,127 @@
+"""The always-on check runs where the coroutine runs, and undecorated subclasses
+inherit it.
+
+On 3e67832 the check ran where the coroutine was *made*, so the three most
+common naive misuses ran the object on a foreign loop with no error:
+``asyncio.run(obj.m())`` from a plain thread, direct use under trio, and
+``asyncio.run_coroutine_threadsafe(obj.m(), other_loop)`` for a coroutine made
+on the owner.  Async methods added or overridden in an undecorated subclass of a
+``@loop_affine`` class were not guarded at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import trio
+
+import loopbridge as lb
+
+
+@lb.loop_affine
+class Base:
+    def __init__(self) -> None:
+        self.ran_on: list[asyncio.AbstractEventLoop | None] = []
+
+    async def m(self) -> str:
+        try:
+            self.ran_on.append(asyncio.get_running_loop())
+        except RuntimeError:
+            self.ran_on.append(None)
+        return "m"
+
+
+class Sub(Base):  # not decorated: declarations and the check are inherited
+    def __init__(self) -> None:  # does not call super().__init__()
+        self.ran_on = []
+
+    async def m(self) -> str:  # overridden
+        self.ran_on.append(asyncio.get_running_loop())
+        return "sub m"
+
+    async def added(self) -> str:
+        self.ran_on.append(asyncio.get_running_loop())
+        return "added"
+
+
+@pytest.fixture(params=[Base, Sub])
+def obj(request: pytest.FixtureRequest, owner: lb.LoopThread) -> Any:
+    async def make() -> Any:
+        return request.param()
+
+    return owner.run(make)
+
+
+def test_asyncio_run_from_a_plain_thread_is_refused(obj: Any) -> None:
+    with pytest.raises(lb.LoopAffinityError, match=r"m\(\) called from"):
+        asyncio.run(obj.m())
+    assert obj.ran_on == []
+
+
+def test_direct_use_under_trio_is_refused(obj: Any) -> None:
+    async def main() -> None:
+        await obj.m()
+
+    with pytest.raises(lb.LoopAffinityError, match="no asyncio loop"):
+        trio.run(main)
+    assert obj.ran_on == []
+
+
+def test_a_coroutine_made_on_the_owner_and_run_elsewhere_is_refused(
+    owner: lb.LoopThread, obj: Any
+) -> None:
+    other = lb.LoopThread(name="other").start()
+    try:
+
+        async def send() -> Any:
+            return asyncio.run_coroutine_threadsafe(obj.m(), other.loop)
+
+        fut = owner.run(send)
+        with pytest.raises(lb.LoopAffinityError, match=r"called from .* on thread 'other'"):
+            fut.result(30)
+    finally:
+        other.stop()
+    assert obj.ran_on == []
+
+
+def test_a_coroutine_made_anywhere_and_run_on_the_owner_runs(
+    owner: lb.LoopThread, obj: Any
+) -> None:
+    coro = obj.m()  # made on this plain thread, run on the owner: fine
+    assert asyncio.run_coroutine_threadsafe(coro, owner.loop).result(30).endswith("m")
+    assert obj.ran_on == [owner.loop]
+
+
+def test_an_undecorated_subclass_is_guarded_and_owned(owner: lb.LoopThread) -> None:
+    async def make() -> Sub:
+        return Sub()
+
+    sub = owner.run(make)
+    assert lb.owner_loop(sub) is owner.loop  # its own __init__ did not call super()'s
+
+    async def elsewhere() -> str:
+        for call in (sub.m, sub.added):
+            with pytest.raises(lb.LoopAffinityError, match="proxy"):
+                await call()
+        return await lb.proxy(sub).added()
+
+    assert asyncio.run(elsewhere()) == "added"
+    assert sub.ran_on == [owner.loop]
+
+
+def test_the_owner_path_still_runs_directly(owner: lb.LoopThread, obj: Any) -> None:
+    async def on_owner() -> str:
+        return await obj.m()  # type: ignore[no-any-return]
+
+    assert owner.run(on_owner).endswith("m")
+    done = threading.Event()
+
+    async def transferred() -> str:
+        lb.transfer(obj)  # the check follows a transfer
+        done.set()
+        return await obj.m()  # type: ignore[no-any-return]
+
+    assert asyncio.run(transferred()).endswith("m") and done.is_set()
