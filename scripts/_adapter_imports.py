@@ -64,7 +64,12 @@ def import_problems(adapter: str, optional: set[str]) -> list[str]:
                 # `from package import submodule` imports the submodule.
                 importlib.import_module(f"{module}.{name}")
         except ModuleNotFoundError as exc:
-            problems.append(f"{shown}: the package {exc.name!r} is not installed")
+            missing = exc.name or ""
+            if missing.split(".")[0] == module.split(".")[0]:
+                # The engine itself lacks it: a name this release does not have.
+                problems.append(f"{shown}: not in the installed release ({missing} does not exist)")
+            else:
+                problems.append(f"{shown}: the package {missing!r} is not installed")
         except Exception as exc:  # any import-time failure is a broken install
             problems.append(f"{shown}: {type(exc).__name__}: {exc}")
     return problems

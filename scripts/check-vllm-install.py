@@ -5,8 +5,11 @@ missing package shows up only when a module that needs it is imported. This
 imports, in one process, every vLLM module and name that src/loopbridge_vllm
 imports without an ImportError guard (read from the source, so the check
 follows the code), every other third-party module it imports, and the pieces
-whose home differs between vLLM releases. Exit status 1 and one line per
-missing piece if anything fails; prints nothing on success.
+whose home differs between vLLM releases (the serve path's too: its argument
+checks, uvicorn log config and certificate refresher). Exit status 1 and one
+line per missing piece if anything fails. On a release outside the tested ones
+it prints one line naming the nearest tested release; otherwise it prints
+nothing on success.
 """
 
 from __future__ import annotations
@@ -23,14 +26,28 @@ OPTIONAL = {"httpx", "matplotlib", "tqdm"}
 
 
 def main() -> int:
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("LOOPBRIDGE_CPU_PLATFORM", "1")  # see loopbridge_vllm._cpu_platform
+    os.environ.pop("VLLM_TARGET_DEVICE", None)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     problems = import_problems("loopbridge_vllm", OPTIONAL)
     sys.path.insert(0, str(ADAPTER.parent))
-    from loopbridge_vllm._vllm_releases import MissingVllmPiece
-    from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
+    from loopbridge_vllm._vllm_releases import (
+        MissingVllmPiece,
+        moved_imports,
+        untested_release_note,
+    )
 
-    for piece in (make_arg_parser, openai_app_builders):
+    note = untested_release_note()
+    if note is not None:
+        print(f"untested: {note}")
+    pieces = (
+        moved_imports.make_arg_parser,
+        moved_imports.openai_app_builders,
+        moved_imports.serve_arg_checks,
+        moved_imports.uvicorn_log_config,
+        moved_imports.ssl_cert_refresher,
+    )
+    for piece in pieces:
         try:
             piece()
         except MissingVllmPiece as exc:

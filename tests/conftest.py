@@ -11,6 +11,7 @@ examples on every run::
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import threading
 from collections.abc import Iterator
@@ -26,6 +27,30 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
 
 HERE = Path(__file__).resolve().parent
+
+#: The suites that need an engine, by engine; their tests carry the engine's
+#: marker (``-m vllm``, ``-m sglang``), and where the engine is not installed
+#: they are not collected at all. The one list every lane selects by.
+ENGINE_SUITES = {
+    "vllm": ("vllm", "dp", "bench", "sanitizer/test_vllm_pattern.py"),
+    "sglang": ("sglang",),
+}
+collect_ignore = [
+    path
+    for engine, paths in ENGINE_SUITES.items()
+    if importlib.util.find_spec(engine) is None
+    for path in paths
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for engine, paths in ENGINE_SUITES.items():
+            suites = [HERE / path for path in paths]
+            if any(item.path == suite or suite in item.path.parents for suite in suites):
+                item.add_marker(engine)
+
+
 # Suites whose tests must end every thread they start (the vLLM ones keep an
 # engine alive across tests on purpose).
 _THREAD_CHECKED = (HERE / "core", HERE / "metrics")

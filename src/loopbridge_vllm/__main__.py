@@ -147,9 +147,14 @@ def serve(argv: Sequence[str]) -> int:
         argv, vllm_argv = argv[:cut], argv[cut + 1 :]
     opts = _serve_parser().parse_args(argv)
     if opts.cpu_standin:
+        from loopbridge_vllm._cpu_platform import registration_problem
         from loopbridge_vllm.cpu_engine import STANDIN_BACKEND, cpu_engine_env
 
         cpu_engine_env()
+        problem = registration_problem()
+        if problem is not None:
+            print(f"error: --cpu-standin: {problem}", file=sys.stderr, flush=True)
+            return 2
         vllm_argv = [
             "--distributed-executor-backend",
             STANDIN_BACKEND,

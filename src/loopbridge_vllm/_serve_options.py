@@ -121,6 +121,8 @@ HONOURED: dict[str, str] = {
     "dp_supervisor_probe_interval_s": _MULTI_PORT,
     "dp_supervisor_probe_timeout_s": _MULTI_PORT,
     "dp_supervisor_probe_failure_threshold": _MULTI_PORT,
+    # 0.34: where a headless engine node's front end hands its ZMQ addresses over.
+    "headless_client_handshake_address": "used by stock only with --headless (refused)",
 }
 
 

@@ -32,11 +32,16 @@ from typing import Any, TypeVar
 
 import torch
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.executor.abstract import SLEEP_TAGS, Executor
+from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes
 
+from loopbridge_vllm._vllm_releases.changed_fields import (
+    model_runner_output,
+    sleep_tags,
+    tokens_generated_before,
+)
 from loopbridge_vllm._vllm_releases.changed_signatures import WorkerCalls
 from loopbridge_vllm.weight_transfer import register_inline_backend
 
@@ -183,7 +188,12 @@ class _StandInWorker(WorkerCalls):
         before: dict[str, int] = {}
         for new in scheduler_output.scheduled_new_reqs:
             prompt = new.prompt_token_ids or []
-            self._requests[new.req_id] = _Progress(prompt_len=len(prompt))
+            known = self._requests.get(new.req_id)
+            generated = tokens_generated_before(new)
+            if generated is None:  # a release that resumes requests as cached ones
+                generated = known.generated if known is not None else 0
+            # A recomputed request carries on where it was, never from token 0.
+            self._requests[new.req_id] = _Progress(prompt_len=len(prompt), generated=generated)
             before[new.req_id] = new.num_computed_tokens
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
@@ -204,16 +214,12 @@ class _StandInWorker(WorkerCalls):
         if self.step_s > 0 and scheduler_output.total_num_scheduled_tokens > 0:
             time.sleep(self.step_s)
         self.steps += 1
-        self._pending = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
+        self._pending = model_runner_output(req_ids, sampled)
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         output, self._pending = self._pending, None
         if output is None:
-            return ModelRunnerOutput(req_ids=[], req_id_to_index={})
+            output = model_runner_output([], [])
         return output
 
     def take_draft_token_ids(self) -> None:
@@ -267,13 +273,13 @@ class _StandInWorker(WorkerCalls):
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         self.asleep = level
-        self._sleeping_tags = set(SLEEP_TAGS)
+        self._sleeping_tags = set(sleep_tags())
         if level == 2:
             self.model.set_token_base(_FIRST_TOKEN)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         # ``tags`` None wakes everything; a partial wake leaves the rest asleep.
-        self._sleeping_tags -= set(SLEEP_TAGS if tags is None else tags)
+        self._sleeping_tags -= set(sleep_tags() if tags is None else tags)
         if not self._sleeping_tags:
             self.asleep = None
 

@@ -205,7 +205,12 @@ def cpu_engine_env(cache_root: str | os.PathLike[str] | None = None) -> dict[str
     """Set (and return) the environment for a CPU-only vLLM engine.
 
     Must run before vLLM resolves its platform, i.e. before the first engine
-    is built. ``VLLM_CACHE_ROOT`` goes to ``cache_root`` (default: a temporary
+    is built. It selects the CPU platform through loopbridge's platform plugin
+    (``LOOPBRIDGE_CPU_PLATFORM=1``, see :mod:`loopbridge_vllm._cpu_platform`):
+    vLLM's own CPU platform, whose x86 Triton requirement (vLLM 0.34) is
+    lifted, and which vLLM 0.24 would not select by itself; it removes
+    ``VLLM_TARGET_DEVICE``, with which vLLM 0.34 would bypass the plugin.
+    ``VLLM_CACHE_ROOT`` goes to ``cache_root`` (default: a temporary
     directory), ``VLLM_RPC_BASE_PATH`` to a fresh temporary directory so that
     IPC socket files do not pile up in ``/tmp``. Unless ``TORCH_LOGS`` is set,
     torch's import-time warnings that do not apply on CPU are lowered to errors. The directory holding this
@@ -214,13 +219,16 @@ def cpu_engine_env(cache_root: str | os.PathLike[str] | None = None) -> dict[str
     Existing values of ``VLLM_CACHE_ROOT`` and ``VLLM_RPC_BASE_PATH`` win.
     """
     env = {
-        "VLLM_TARGET_DEVICE": "cpu",
+        # vLLM's CPU platform without its x86 Triton requirement (the stand-in
+        # runs no kernels): see loopbridge_vllm._cpu_platform.
+        "LOOPBRIDGE_CPU_PLATFORM": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
     os.environ.update(env)
+    os.environ.pop("VLLM_TARGET_DEVICE", None)
     if "VLLM_CACHE_ROOT" not in os.environ:
         root = (
             Path(cache_root)

@@ -30,6 +30,7 @@ with :class:`UnclassifiedMemberError` instead of failing requests later.
 from __future__ import annotations
 
 import asyncio
+import warnings
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ from loopbridge_adapters.surface import (
     UnclassifiedMemberError,
     collect,
 )
+from loopbridge_vllm._vllm_releases import UntestedReleaseWarning, untested_release_note
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -315,6 +317,13 @@ def bind_owner_loop(engine: Any, loop: asyncio.AbstractEventLoop | None = None) 
     )
 
 
+def _warn_if_untested() -> None:
+    note = untested_release_note()
+    if note is not None:
+        # One line; the surface check below still refuses any unclassified member.
+        warnings.warn(note, UntestedReleaseWarning, stacklevel=3)
+
+
 def engine_client_proxy(
     engine: AsyncLLM,
     *,
@@ -337,6 +346,7 @@ def engine_client_proxy(
     """
     if is_engine_client_proxy(engine):
         return engine
+    _warn_if_untested()
     _check_config(engine)
     adopt_engine(engine, loop)
     # Re-derive the table for this instance: attributes added since adoption

@@ -100,7 +100,10 @@ def _engine_settings(client: EngineClient) -> dict[str, Any]:
         "enable_log_requests": bool(getattr(client, "log_requests", False)),
         "disable_log_stats": not getattr(client, "log_stats", True),
         "reasoning_parser": structured.reasoning_parser or "",
-        "enable_fault_tolerance": bool(config.parallel_config.enable_fault_tolerance),
+        # 0.24's parallel config has no fault tolerance: off.
+        "enable_fault_tolerance": bool(
+            getattr(config.parallel_config, "enable_fault_tolerance", False)
+        ),
     }
 
 
@@ -372,9 +375,9 @@ class OpenAIServer(ThreadedServer):
         if not (self.args.enable_ssl_refresh and config.ssl is not None):
             yield
             return
-        from vllm.entrypoints.launchers.utils.ssl import SSLCertRefresher
+        from loopbridge_vllm._vllm_releases.moved_imports import ssl_cert_refresher
 
-        refresher = SSLCertRefresher(
+        refresher = ssl_cert_refresher()(
             ssl_context=config.ssl,
             key_path=config.ssl_keyfile,
             cert_path=config.ssl_certfile,

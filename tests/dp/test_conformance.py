@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import os
 import queue
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import MethodType, SimpleNamespace
@@ -169,6 +170,7 @@ class RealRank:
         e.async_scheduling = False
         e.enable_fault_tolerance = False
         e.reject_new_requests = False  # 0.33: admission during abort/wait pauses
+        e._deferred_inputs = deque()  # 0.34: inputs held back during a step
         # The filter's start-up check (P5) needs the group's store; it has its
         # own tests (test_plugin.py), and these ranks run the loop step by step.
         e._loopbridge_group_checked = True
@@ -538,14 +540,15 @@ def pinned(test: Any) -> Any:
 
 
 #: The model variants the installed vLLM must match, without and with the filter.
-PLAIN, FILTERED = ("c33", "e33") if vllm.__version__.startswith("0.33.") else ("c", "e")
+#: 0.34.0's wave and pause logic is 0.33.0's (docs/dp-protocol.md, "vLLM 0.34.0").
+PLAIN, FILTERED = ("c", "e") if vllm.__version__.startswith("0.32.") else ("c33", "e33")
 
 
 @SETTINGS
 @given(scenarios())
 @pinned
 def test_real_matches_its_variant(s: Any) -> None:
-    """0.32.0 against variant c, 0.33.0 against variant c33."""
+    """0.32.0 against variant c, 0.33.0 and 0.34.0 against variant c33."""
     with patched_collectives():
         replay(PLAIN, *s)
 
@@ -554,7 +557,7 @@ def test_real_matches_its_variant(s: Any) -> None:
 @given(scenarios())
 @pinned
 def test_real_with_filter_matches_its_variant(s: Any) -> None:
-    """The filtered real rank: 0.32.0 against variant e, 0.33.0 against e33."""
+    """The filtered real rank: 0.32.0 against variant e, 0.33.0 and 0.34.0 against e33."""
     assert _patch.install_filter()
     try:
         with patched_collectives():
@@ -576,8 +579,9 @@ def test_filter_installs_into_the_real_class() -> None:
 
 
 def test_filter_is_a_noop_on_other_versions() -> None:
-    with mock.patch("vllm.__version__", "0.34.0"):
+    with mock.patch("vllm.__version__", "0.35.0"):
         ok, why = _patch.installed_version_supported()
-        assert not ok and "vLLM 0.34.0 is not supported (checked: 0.32.0, 0.33.0)" in why
+        checked = ", ".join(_patch.CHECKED_VERSIONS)
+        assert not ok and f"vLLM 0.35.0 is not supported (checked: {checked})" in why
         assert _patch.install_filter() is False
     assert not _patch.is_installed()

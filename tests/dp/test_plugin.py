@@ -20,7 +20,7 @@ from test_conformance import RealRank
 from vllm.v1.engine import EngineCoreRequestType as T
 from vllm.v1.engine.core import DPEngineCoreProc
 
-from loopbridge_vllm.dp import _patch, _plugin
+from loopbridge_vllm.dp import _filter, _patch, _plugin
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +47,7 @@ def test_pyproject_declares_the_entry_point() -> None:
     assert GROUP == "vllm.general_plugins"
 
 
+@pytest.mark.every_release
 def test_off_unless_opted_in(caplog: pytest.LogCaptureFixture) -> None:
     # On the plugin's own logger: once vLLM has configured its logging, the
     # "vllm" logger's level (INFO) would otherwise hide the debug line.
@@ -56,14 +57,22 @@ def test_off_unless_opted_in(caplog: pytest.LogCaptureFixture) -> None:
     assert [lvl for lvl, _ in lines(caplog)] == [logging.DEBUG]
 
 
+@pytest.mark.every_release
 def test_installs_and_says_so_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO)
     monkeypatch.setenv(_plugin.ENV, "1")
+    import vllm
+
+    if vllm.__version__ not in _patch.CHECKED_VERSIONS:
+        # A release the lanes run but the filter was not checked on: refused.
+        with pytest.raises(_plugin.FilterRefused, match=f"vLLM {vllm.__version__} is not"):
+            _plugin.load()
+        assert not _patch.is_installed()
+        return
     _plugin.load()
     assert _patch.is_installed()
-    import vllm
 
     [(level, text)] = lines(caplog)
     assert "installed" in text and f"for vLLM {vllm.__version__}" in text
@@ -76,7 +85,7 @@ def test_installs_and_says_so_once(
         assert level == logging.INFO and "finding 3" not in text
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", _patch.CHECKED_VERSIONS)
 def test_the_0_32_line_warns_about_finding_3(
     version: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -96,7 +105,10 @@ def test_the_0_32_line_warns_about_finding_3(
     "version",
     [
         "0.31.2",
-        "0.34.0",
+        "0.29.0",
+        "0.24.0",
+        "0.34.1",
+        "0.35.0",
         "0.33.1",
         "0.32.1",
         "0.33.0rc1",
@@ -110,13 +122,16 @@ def test_refuses_an_unchecked_version(
     version: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(_plugin.ENV, "1")
-    with mock.patch("vllm.__version__", version):
+    with mock.patch("vllm.__version__", version), pytest.raises(_plugin.FilterRefused) as caught:
         _plugin.load()
     assert not _patch.is_installed()
     [(level, text)] = lines(caplog)
-    assert level == logging.WARNING and "NOT installed" in text
-    assert f"vLLM {version} is not supported (checked: 0.32.0, 0.33.0)" in text
+    assert level == logging.ERROR and text == str(caught.value)
+    checked = ", ".join(_patch.CHECKED_VERSIONS)
+    # The release, the checked ones, the override variable, and vLLM stays down.
+    assert f"vLLM {version} is not supported (checked: {checked})" in text
     assert f"set {_patch.UNCHECKED_ENV}={version} to install it anyway" in text
+    assert "vLLM is not started without the filter" in text
 
 
 def test_the_override_installs_on_the_named_build_and_says_so(
@@ -129,9 +144,8 @@ def test_the_override_installs_on_the_named_build_and_says_so(
     assert _patch.is_installed()
     [(level, text)] = lines(caplog)
     assert level == logging.WARNING and ": installed (pid " in text
-    assert (
-        f"NOT checked (checked: 0.32.0, 0.33.0), installed because {_patch.UNCHECKED_ENV}" in text
-    )
+    checked = ", ".join(_patch.CHECKED_VERSIONS)
+    assert f"NOT checked (checked: {checked}), installed because {_patch.UNCHECKED_ENV}" in text
 
 
 def test_the_override_names_one_build_only(
@@ -139,11 +153,11 @@ def test_the_override_names_one_build_only(
 ) -> None:
     monkeypatch.setenv(_plugin.ENV, "1")
     monkeypatch.setenv(_patch.UNCHECKED_ENV, "0.33.1")
-    with mock.patch("vllm.__version__", "0.33.2"):
+    with mock.patch("vllm.__version__", "0.33.2"), pytest.raises(_plugin.FilterRefused):
         _plugin.load()
     assert not _patch.is_installed()
     [(level, text)] = lines(caplog)
-    assert level == logging.WARNING and "NOT installed" in text
+    assert level == logging.ERROR and "refused" in text
     assert f"{_patch.UNCHECKED_ENV}=0.33.1 does not name it" in text
 
 
@@ -153,11 +167,11 @@ def test_the_override_does_not_skip_the_structural_check(
     monkeypatch.setenv(_plugin.ENV, "1")
     monkeypatch.setenv(_patch.UNCHECKED_ENV, "0.35.0")
     monkeypatch.delattr(DPEngineCoreProc, "_pause_complete")
-    with mock.patch("vllm.__version__", "0.35.0"):
+    with mock.patch("vllm.__version__", "0.35.0"), pytest.raises(_plugin.FilterRefused):
         _plugin.load()
     assert not _patch.is_installed()
     [(level, text)] = lines(caplog)
-    assert level == logging.WARNING and "_pause_complete missing" in text
+    assert level == logging.ERROR and "_pause_complete missing" in text
 
 
 def test_refuses_an_elastic_ep_scale_up_launch(
@@ -165,11 +179,14 @@ def test_refuses_an_elastic_ep_scale_up_launch(
 ) -> None:
     monkeypatch.setenv(_plugin.ENV, "1")
     monkeypatch.setenv("VLLM_ELASTIC_EP_SCALE_UP_LAUNCH", "1")
-    with mock.patch("vllm.__version__", "0.32.0"):  # refused for elastic EP alone
+    with (
+        mock.patch("vllm.__version__", "0.32.0"),  # refused for elastic EP alone
+        pytest.raises(_plugin.FilterRefused),
+    ):
         _plugin.load()
     assert not _patch.is_installed()
     [(level, text)] = lines(caplog)
-    assert level == logging.WARNING and "elastic EP" in text
+    assert level == logging.ERROR and "elastic EP" in text
 
 
 def latched_rank(elastic: bool) -> RealRank:
@@ -381,3 +398,36 @@ def test_the_check_time_comes_from_the_environment(monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv(_patch.CHECK_ENV, bad)
         with pytest.raises(ValueError, match=_patch.CHECK_ENV):
             _patch._check_seconds()
+
+
+# -- vLLM 0.34's paths outside the model: refused, never run unfiltered -------
+
+
+@pytest.mark.parametrize("method", sorted(_filter.REFUSED_METHODS))
+def test_checkpoint_utilities_are_refused_by_name(method: str) -> None:
+    assert _patch.install_filter()
+    rr = RealRank(0, 2)
+    called: list[Any] = []
+    setattr(rr.e, method, lambda *args: called.append(args))  # what vLLM would run
+    DPEngineCoreProc._handle_client_request(rr.e, T.UTILITY, (0, 9, method, ()))
+    [(client, outputs)] = [rr.e.output_queue.get_nowait()]
+    reply = outputs.utility_output
+    assert client == 0 and reply.call_id == 9 and reply.result is None
+    assert f"{method} is refused" in reply.failure_message
+    assert "LOOPBRIDGE_DP_FILTER=1" in reply.failure_message
+    assert called == []  # not handled: no pause started, nothing resumed
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "flag"),
+    [(section, field, why.split(":")[0]) for section, field, why in _patch.UNMODELLED_SETTINGS],
+)
+def test_unmodelled_settings_stop_the_engine_core(section: str, field: str, flag: str) -> None:
+    assert _patch.install_filter()
+    rr = RealRank(0, 2)
+    config = getattr(rr.e.vllm_config, section, None) or SimpleNamespace()
+    setattr(config, field, True)
+    setattr(rr.e.vllm_config, section, config)
+    rr.e._loopbridge_group_checked = False  # the start-up checks run
+    with pytest.raises(_patch.FilterRefused, match=f"refused on DP rank 0: {flag}"):
+        rr.e.run_busy_loop()

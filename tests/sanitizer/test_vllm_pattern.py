@@ -90,7 +90,7 @@ def test_real_vllm_request_output_collector_cross_loop_caught(tmp_path: Path) ->
     env = dict(os.environ)
     env.update(
         {
-            "VLLM_TARGET_DEVICE": "cpu",
+            "LOOPBRIDGE_CPU_PLATFORM": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",

@@ -24,13 +24,6 @@ from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
 cpu_engine_env(CACHE / "vllm")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.vllm)
-
-
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     return build_tiny_model(CACHE / "tiny-model")
@@ -75,7 +68,7 @@ def example() -> Iterator[Any]:
 
 #: What a local Ray cluster's workers need from this process's environment.
 _RAY_ENV_KEYS = (
-    "VLLM_TARGET_DEVICE",
+    "LOOPBRIDGE_CPU_PLATFORM",
     "VLLM_NO_USAGE_STATS",
     "DO_NOT_TRACK",
     "HF_HUB_OFFLINE",

@@ -22,6 +22,9 @@ from vllm_engines import settled_counts
 from loopbridge import LoopThread, blocking
 from loopbridge_vllm import OpenAIServer
 
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = pytest.mark.every_release
+
 
 class AbortLog:
     def __init__(self, llm: Any) -> None:

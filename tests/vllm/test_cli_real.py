@@ -19,6 +19,7 @@ def _env() -> dict[str, str]:
     return serve_env()
 
 
+@pytest.mark.every_release
 def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
     env = _env()
     cmd = [
@@ -117,6 +118,7 @@ def test_busy_port_fails_fast_with_one_clear_line(tiny_model: Path) -> None:
         ([], ["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires"),
     ],
 )
+@pytest.mark.every_release
 def test_refused_command_line_exits_2_with_one_line(
     tiny_model: Path, before: list[str], after: list[str], expected: str
 ) -> None:

@@ -11,6 +11,9 @@ import pytest
 
 from loopbridge_vllm import cpu_engine
 
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = pytest.mark.every_release
+
 
 def test_tiny_model_is_complete_and_cached(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
@@ -33,7 +36,8 @@ def test_tiny_model_is_complete_and_cached(tmp_path: Path) -> None:
 
 def test_env_selects_cpu_and_keeps_files_local() -> None:
     env = cpu_engine.cpu_engine_env()
-    assert os.environ["VLLM_TARGET_DEVICE"] == "cpu" == env["VLLM_TARGET_DEVICE"]
+    assert os.environ["LOOPBRIDGE_CPU_PLATFORM"] == "1" == env["LOOPBRIDGE_CPU_PLATFORM"]
+    assert "VLLM_TARGET_DEVICE" not in os.environ  # it would bypass the platform plugin
     assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["DO_NOT_TRACK"] == "1"
     assert Path(env["VLLM_RPC_BASE_PATH"]).is_dir()
     src = str(Path(cpu_engine.__file__).resolve().parent.parent)

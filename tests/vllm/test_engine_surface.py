@@ -13,6 +13,9 @@ from loopbridge import LoopAffinityError, LoopThread, blocking
 from loopbridge_vllm import UnclassifiedMemberError, UnsupportedEngineConfig, engine_client_proxy
 from loopbridge_vllm.engine import RULES, Policy, classify_surface, surface
 
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = pytest.mark.every_release
+
 
 def test_every_installed_member_is_classified(shared_engine: tuple[LoopThread, Any]) -> None:
     from vllm.engine.protocol import EngineClient

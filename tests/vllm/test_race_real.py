@@ -23,7 +23,8 @@ from vllm_load import run_load
 from loopbridge_vllm.bench import CollectorSetHold
 from loopbridge_vllm.server import OpenAIServer, ServerStartError, start_openai_server
 
-pytestmark = pytest.mark.vllm
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = [pytest.mark.vllm, pytest.mark.every_release]
 
 N_REQUESTS = 128
 CONCURRENCY = 16

@@ -18,6 +18,7 @@ from loopbridge_vllm import OpenAIServer, start_openai_server
 from loopbridge_vllm.server import serve_args
 
 
+@pytest.mark.every_release
 def test_routes_answer_over_real_http(shared_server: OpenAIServer) -> None:
     url = shared_server.url
     assert shared_server.port != 0 and url.endswith(f":{shared_server.port}")
@@ -72,6 +73,7 @@ def test_no_signal_handlers_and_bounded_stop(engine_proxy: Any) -> None:
     assert not engine_proxy.errored
 
 
+@pytest.mark.every_release
 def test_stop_drains_a_running_stream_then_cancels_it(
     shared_engine: tuple[LoopThread, Any], engine_proxy: Any
 ) -> None:

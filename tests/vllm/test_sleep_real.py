@@ -33,6 +33,9 @@ from vllm_engines import settled_counts
 from loopbridge import LoopThread, blocking
 from loopbridge_vllm import OpenAIServer
 
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = pytest.mark.every_release
+
 IN_FLIGHT = 4  # streams open when sleep is called
 DURING = 4  # requests sent while the engine sleeps
 MAX_TOKENS = 24

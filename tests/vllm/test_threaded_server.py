@@ -23,6 +23,9 @@ from loopbridge import LoopAffinityError, LoopThread
 from loopbridge_adapters.http import ExitReason, bind
 from loopbridge_adapters.threaded import ThreadedServer
 
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = pytest.mark.every_release
+
 BOUND_S = 30.0  # an upper bound only: every wait ends on an event well before it
 
 

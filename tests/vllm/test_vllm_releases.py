@@ -14,6 +14,9 @@ from loopbridge_vllm import ServerStartError, start_openai_server
 from loopbridge_vllm._vllm_releases import SUPPORTED_RELEASES, MissingVllmPiece, import_piece
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = pytest.mark.every_release
+
 
 @pytest.fixture
 def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -19,6 +19,9 @@ import pytest
 
 from loopbridge import blocking
 
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = pytest.mark.every_release
+
 VERSION_0 = "default"  # vLLM's weight version before any update
 
 

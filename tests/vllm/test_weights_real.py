@@ -19,6 +19,9 @@ from vllm_load import run_load
 from loopbridge import LoopAffinityError, LoopThread, blocking
 from loopbridge_vllm import OpenAIServer, adopt_engine, bind_owner_loop
 
+#: Release-sensitive: runs on every tested vLLM release's lane.
+pytestmark = pytest.mark.every_release
+
 
 def _first_tokens(proxy: Any, rid: str, n: int = 3) -> list[int]:
     from vllm import SamplingParams

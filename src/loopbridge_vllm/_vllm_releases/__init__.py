@@ -21,10 +21,23 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SUPPORTED_RELEASES", "MissingVllmPiece", "import_piece", "installed_release"]
+__all__ = [
+    "SUPPORTED_RELEASES",
+    "MissingVllmPiece",
+    "UntestedReleaseWarning",
+    "import_piece",
+    "installed_release",
+    "nearest_supported",
+    "untested_release_note",
+]
 
-#: vLLM releases (major.minor) the adapter is tested with, oldest first.
-SUPPORTED_RELEASES = ("0.32", "0.33")
+#: vLLM releases (major.minor) the adapter is tested with, oldest first: each
+#: has a CI lane (README's release table says which tests each lane runs).
+SUPPORTED_RELEASES = ("0.24", "0.29", "0.32", "0.33", "0.34")
+
+
+class UntestedReleaseWarning(UserWarning):
+    """The installed vLLM is not a release the adapter is tested with."""
 
 
 class MissingVllmPiece(ImportError):
@@ -40,6 +53,42 @@ def installed_release() -> str:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
+def _key(release: str) -> tuple[int, int] | None:
+    parts = release.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None
+
+
+def nearest_supported(version: str) -> str:
+    """The tested release nearest to ``version`` (the newer one on a tie)."""
+    key = _key(version)
+    if key is None:
+        return SUPPORTED_RELEASES[-1]
+
+    def distance(release: str) -> tuple[int, int]:
+        major, minor = _key(release) or (0, 0)
+        return abs((major - key[0]) * 1000 + minor - key[1]), -minor
+
+    return min(SUPPORTED_RELEASES, key=distance)
+
+
+def untested_release_note(version: str | None = None) -> str | None:
+    """One line when ``version`` (default: the installed vLLM's) is outside the
+    tested releases, naming the nearest one; ``None`` for a tested release."""
+    version = installed_release() if version is None else version
+    key = _key(version)
+    if key is not None and f"{key[0]}.{key[1]}" in SUPPORTED_RELEASES:
+        return None
+    nearest = nearest_supported(version)
+    return (
+        f"vLLM {version} is not a release loopbridge_vllm is tested on (tested: "
+        f"{', '.join(SUPPORTED_RELEASES)}); the nearest tested release is {nearest} "
+        f"(LOOPBRIDGE_VLLM={nearest} bash scripts/setup.sh builds it)"
+    )
+
+
 def _support_note() -> str:
     return (
         f"installed vLLM: {installed_release()}; "
@@ -53,13 +102,18 @@ def _absent(module: str, missing: str | None) -> bool:
     return missing is not None and (module == missing or module.startswith(missing + "."))
 
 
-def import_piece(piece: str, homes: Sequence[tuple[str, str]]) -> Any:
+_NO_DEFAULT: Any = object()
+
+
+def import_piece(piece: str, homes: Sequence[tuple[str, str]], default: Any = _NO_DEFAULT) -> Any:
     """The attribute ``piece`` from the first of its ``(module, name)`` homes.
 
     ``piece`` says what it is for in error messages. Homes are tried in order;
     a home whose module exists but fails to import because a dependency is
     missing stops the search with that dependency named, since an older home
-    would only hide the real problem.
+    would only hide the real problem. ``default``, when given, stands in for a
+    piece that older releases do not have at all (never for a missing
+    dependency).
     """
     tried: list[str] = []
     for module_name, attr in homes:
@@ -77,4 +131,6 @@ def import_piece(piece: str, homes: Sequence[tuple[str, str]]) -> Any:
             return getattr(module, attr)
         except AttributeError:
             tried.append(f"{module_name}.{attr}")
+    if default is not _NO_DEFAULT:
+        return default
     raise MissingVllmPiece(f"{piece}: none of {', '.join(tried)} exists ({_support_note()})")

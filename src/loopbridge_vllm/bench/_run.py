@@ -516,7 +516,7 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
         if not torch.cuda.is_available():
             # vLLM's parser needs a platform to fill in its defaults; without a
             # GPU it would refuse to guess one.
-            os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+            os.environ["LOOPBRIDGE_CPU_PLATFORM"] = "1"  # see loopbridge_vllm._cpu_platform
             platform_note = "cpu (no GPU here: the parser's device defaults are the CPU's)"
     eargs = engine_args(spec, model_dir)
     from vllm.v1.engine.async_llm import AsyncLLM  # the class the real run builds

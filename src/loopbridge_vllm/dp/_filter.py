@@ -31,6 +31,14 @@ decides from ``engines_running`` (R1 closes vLLM #55229 there too); only
 engines start waves, so R2 rarely holds anything, and what it holds is judged
 by the same wave comparison after resume.
 
+R3  A ``checkpoint_prepare`` or ``checkpoint_restore`` utility (vLLM 0.34) is
+    refused: answered at once with a failure that names the filter, and not
+    handled.  ``checkpoint_prepare`` starts a DP pause and replies before the
+    drain completes, so the orchestrator's next call can reach a rank whose
+    pause is still in flight (precondition P1, one orchestrator that waits for
+    every reply, no longer holds); ``checkpoint_restore`` resumes through the
+    DP barrier under a name R1 does not match.  Neither path is in the model.
+
 Everything else is delivered unchanged: the consensus latch of the
 two-phase pause already drops late ``START_DP_WAVE`` messages, and an ADD
 does not arm a paused rank.
@@ -45,6 +53,8 @@ from typing import Literal
 MessageKind = Literal["ADD", "ABORT", "START_DP_WAVE", "UTILITY", "OTHER"]
 
 RESUME_METHODS = frozenset({"resume_scheduler"})
+#: Utilities outside the model, refused on a filtered rank (R3).
+REFUSED_METHODS = frozenset({"checkpoint_prepare", "checkpoint_restore"})
 
 
 class Decision(Enum):
@@ -55,6 +65,8 @@ class Decision(Enum):
     DROP = "drop"
     #: keep it aside and offer it again after the rank's next busy-loop step
     HOLD = "hold"
+    #: do not handle it; a utility is answered with a failure naming the filter
+    REFUSE = "refuse"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +83,8 @@ def decide(kind: MessageKind, method: str | None, view: FilterView) -> Decision:
     """Decide the fate of one message of ``kind`` (``method`` for utilities)."""
     if kind == "START_DP_WAVE" and view.ignore_start_dp_wave:
         return Decision.HOLD  # R2
+    if kind == "UTILITY" and method in REFUSED_METHODS:
+        return Decision.REFUSE  # R3
     if kind == "UTILITY" and method in RESUME_METHODS:
         in_flight = view.pending_pause or view.ignore_start_dp_wave
         if not view.paused and not in_flight:

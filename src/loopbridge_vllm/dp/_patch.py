@@ -39,7 +39,7 @@ from ._filter import Decision, FilterView, MessageKind, decide
 #: against (model variant, per-rank conformance with and without the filter,
 #: and a real DP=2 group); any other version string is refused, release
 #: candidates, dev, post and local builds of these included.
-CHECKED_VERSIONS = ("0.32.0", "0.33.0")
+CHECKED_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 
 #: Explicit override: set to the installed vLLM version string (exactly) to
 #: install the filter on a build it was not checked against.  The structural
@@ -100,6 +100,34 @@ def _reply_none(engine: Any, request: Any) -> None:
     engine.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=out)))
 
 
+def _refusal(method: str | None) -> str:
+    return (
+        f"loopbridge_dp_filter: {method} is refused on a DP group with the pause-aware "
+        "filter (LOOPBRIDGE_DP_FILTER=1): the filter's protocol model does not cover "
+        "process checkpoints (rule R3); run without the filter to checkpoint"
+    )
+
+
+def _reply_failure(engine: Any, request: Any, message: str) -> None:
+    from vllm.v1.engine import EngineCoreOutputs, UtilityOutput
+
+    client_idx, call_id = request[0], request[1]
+    out = UtilityOutput(call_id, failure_message=message)
+    engine.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=out)))
+
+
+def _answer_unhandled(
+    engine: Any, decision: Decision, kind: str, method: str | None, request: Any
+) -> None:
+    # DROP and REFUSE: the message is not handled; a utility still gets its reply.
+    if kind != "UTILITY":
+        return
+    if decision is Decision.REFUSE:
+        _reply_failure(engine, request, _refusal(method))
+    else:
+        _reply_none(engine, request)
+
+
 def _make_wrapper(original: Handler) -> Handler:
     def _handle_client_request(self: Any, request_type: Any, request: Any) -> None:
         active = self.__dict__.get(_ACTIVE_ATTR)
@@ -114,9 +142,8 @@ def _make_wrapper(original: Handler) -> Handler:
         if decision is Decision.HOLD:
             held.append((request_type, request))
             return
-        if decision is Decision.DROP:
-            if kind == "UTILITY":
-                _reply_none(self, request)
+        if decision is not Decision.DELIVER:
+            _answer_unhandled(self, decision, kind, method, request)
             return
         original(self, request_type, request)
         _release(self, original, held)
@@ -182,10 +209,49 @@ def check_group(engine: Any, timeout_s: float | None = None) -> None:
         ) from None
 
 
+class FilterRefused(RuntimeError):
+    """``LOOPBRIDGE_DP_FILTER=1`` was set where the filter cannot apply."""
+
+
+#: Engine settings (vLLM 0.34) whose DP paths are outside the filter's model:
+#: ``(config, field, what it changes)``.
+UNMODELLED_SETTINGS = (
+    (
+        "parallel_config",
+        "enable_fault_tolerance",
+        "--enable-fault-tolerance: resume_scheduler and the DP finish sync take "
+        "fault-tolerance branches (a disabled coordinator) the model does not cover",
+    ),
+    (
+        "model_config",
+        "checkpoint_prepare_on_startup",
+        "--checkpoint-prepare-on-startup: checkpoint_prepare starts a DP pause that "
+        "no orchestrator waits for (rule R3)",
+    ),
+)
+
+
+def refuse_unmodelled(engine: Any) -> None:
+    """Raise :class:`FilterRefused` when the engine enables a setting of
+    :data:`UNMODELLED_SETTINGS`; vLLM then reports the engine core dead."""
+    config = getattr(engine, "vllm_config", None)
+    found = [
+        why
+        for section, field, why in UNMODELLED_SETTINGS
+        if getattr(getattr(config, section, None), field, False) is True
+    ]
+    if found:
+        raise FilterRefused(
+            f"loopbridge_dp_filter: refused on DP rank {getattr(engine, 'dp_rank', '?')}: "
+            f"{'; '.join(found)}; unset LOOPBRIDGE_DP_FILTER or the setting"
+        )
+
+
 def _make_busy_loop(original: Callable[[Any], None]) -> Callable[[Any], None]:
     def run_busy_loop(self: Any) -> None:
         # Once per engine: vLLM calls this once; a test harness may step it.
         if not self.__dict__.get(_CHECKED_ATTR) and _applies_to(self):
+            refuse_unmodelled(self)
             check_group(self)
         self.__dict__[_CHECKED_ATTR] = True
         original(self)
@@ -207,8 +273,8 @@ def _release(engine: Any, original: Handler, held: list[tuple[Any, Any]]) -> Non
         held.pop(0)
         if decision is Decision.DELIVER:
             original(engine, request_type, request)
-        elif kind == "UTILITY":
-            _reply_none(engine, request)
+        else:
+            _answer_unhandled(engine, decision, kind, method, request)
 
 
 def installed_version_supported() -> tuple[bool, str]:

@@ -7,15 +7,16 @@ operator opts in with ``LOOPBRIDGE_DP_FILTER=1``; ``vllm serve
 --data-parallel-size N`` and ``AsyncLLM`` DP users then get the filter in
 every engine-core process without a code change.
 
-When opted in it logs exactly one line per process (through vLLM's own
-logger, so it shows wherever vLLM's lines show):
-
-* ``installed`` with the vLLM version (a warning on vLLM 0.32, which can
-  wedge without any pause, finding 3 of ``docs/dp-protocol.md``, and when
-  ``LOOPBRIDGE_DP_FILTER_UNCHECKED_VLLM`` overrides the version check), or
-* ``NOT installed`` with the reason: a vLLM release whose DP protocol the
-  filter was not checked against (only 0.32.0 and 0.33.0 are), or an
-  elastic-EP scale-up launch.
+When opted in it either logs exactly one line per process (through vLLM's
+own logger, so it shows wherever vLLM's lines show), ``installed`` with the
+vLLM version (a warning on vLLM 0.32, which can wedge without any pause,
+finding 3 of ``docs/dp-protocol.md``, and when
+``LOOPBRIDGE_DP_FILTER_UNCHECKED_VLLM`` overrides the version check), or it
+refuses: :class:`FilterRefused` is raised, so that vLLM does not start, with
+the reason: a vLLM release whose DP protocol the filter was not checked
+against (its message names the release, the checked ones and the override
+variable), or an elastic-EP scale-up launch.  A user who asked for the filter
+never gets a vLLM that runs without it.
 
 vLLM's Ray DP backend starts the engine cores as Ray actors and gives them
 only the variables ``vllm.ray.ray_env.get_env_vars_to_copy`` names
@@ -37,6 +38,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+
+from ._patch import FilterRefused
+
+__all__ = ["ENV", "PLUGIN_NAME", "RAY_COPY_ENV", "FilterRefused", "load", "propagate_to_ray_actors"]
 
 #: The opt-in switch; "1" installs, anything else (or unset) leaves vLLM alone.
 ENV = "LOOPBRIDGE_DP_FILTER"
@@ -77,7 +82,10 @@ def propagate_to_ray_actors() -> None:
 
 
 def load() -> None:
-    """Entry point: install the filter when ``LOOPBRIDGE_DP_FILTER=1``."""
+    """Entry point: install the filter when ``LOOPBRIDGE_DP_FILTER=1``.
+
+    Raises :class:`FilterRefused` when it was asked for and cannot apply.
+    """
     if os.environ.get(ENV, "") != "1":
         _logger().debug("%s: not installed (%s is not 1)", PLUGIN_NAME, ENV)
         return
@@ -88,8 +96,12 @@ def load() -> None:
     if ok and os.environ.get("VLLM_ELASTIC_EP_SCALE_UP_LAUNCH", "0") not in ("", "0"):
         ok, why = False, "elastic EP scale-up launch: the filter assumes a fixed DP group"
     if not ok:
-        _say(logging.WARNING, f"{PLUGIN_NAME}: NOT installed (pid {os.getpid()}): {why}")
-        return
+        line = (
+            f"{PLUGIN_NAME}: refused (pid {os.getpid()}): {why}; vLLM is not started "
+            f"without the filter {ENV}=1 asks for (unset {ENV} to run vLLM unfiltered)"
+        )
+        _say(logging.ERROR, line)
+        raise FilterRefused(line)
     _patch.install_filter()
     import vllm
 
