@@ -29,10 +29,10 @@ from typing import Any
 
 from ._eager import NATIVE_EAGER
 from ._errors import LoopAffinityError
-from ._operation import Operation, Options
+from ._operation import Operation, Options, chain, check_block
 from ._outcome import CANCELLED, OK
 from ._ownership import on_owner_thread
-from ._ports import PORT_ATTR, get_running_loop
+from ._ports import PORT_ATTR, Port, get_running_loop, running_port
 from ._returns import PLAIN
 from ._trio import in_trio_run, trio_port
 from ._wakers import LoopWaker, TrioWaker, loop_waker, thread_waker, trio_waker
@@ -167,20 +167,50 @@ async def call_from_async(
     return _returned(call, _perf())
 
 
-def call_from_thread(call: Call) -> Any:
-    """Blocking face: run ``call`` on the owner loop, block this thread only."""
+def call_from_thread(call: Call, timeout: float | None = None) -> Any:
+    """Blocking face: run ``call`` on the owner loop, block this thread only.
+
+    ``timeout``: give up after that many seconds (``TimeoutError``) and cancel
+    the owner side.  On the thread of a running loop, a wait that closes a cycle
+    of blocked owner threads is refused (see ``check_block`` in :mod:`loopbridge._operation`).
+    """
     opts = call.opts
     if on_owner_thread(opts.ownership):
         raise LoopAffinityError(
             f"blocking {call.description} on the owner loop's own thread would deadlock: "
             "await loopbridge.proxy(obj) instead"
         )
+    here = _blocked_port()
+    if here is not None:
+        owner = opts.ownership.port()
+        check_block(call, owner, here)
+        call.ctx.run(chain.set, (*chain.get(), call))  # its work is part of this wait
+        held, here.blocked = here.blocked, call  # its wakes are sent at once from now on
+        here.flush_deferred()
+    try:
+        return _block_on(call, timeout)
+    finally:
+        if here is not None:
+            here.blocked = held
+
+
+def _blocked_port() -> Port | None:
+    """The port of the loop this thread runs (None on a plain thread)."""
+    loop = get_running_loop()
+    if loop is None:
+        return None
+    port: Port | None = getattr(loop, PORT_ATTR, None)
+    return port if port is not None else running_port(loop)
+
+
+def _block_on(call: Call, timeout: float | None) -> Any:
+    opts = call.opts
     waker = call.waker = thread_waker()
     waker.arm(call)
     call.submit()
     try:
-        waker.park(call, call.owner)  # type: ignore[arg-type]
-    except BaseException:  # KeyboardInterrupt and friends: cancel the owner side
+        waker.park(call, call.owner, timeout)  # type: ignore[arg-type]
+    except BaseException:  # KeyboardInterrupt, a timeout: cancel the owner side
         if call.caller_gives_up(None):
             waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
         opts.metrics.returned(call, 0.0)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import _interleave
 from ._diagnose import SubmissionSites, submission_site
 from ._eager import start_task, step_then_task
+from ._errors import LoopAffinityError
 from ._labels import thread_name
 from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
 from ._ports import _ABSENT, Port, get_running_loop
@@ -57,6 +58,9 @@ __all__ = [
     "cancel_on_owner",
     "owner_cancelled",
     "annotate",
+    "chain",
+    "check_block",
+    "check_submission",
 ]
 
 _perf = time.perf_counter
@@ -225,6 +229,8 @@ class Operation:
         try:
             if owner is None or owner.dead is not None:
                 owner = ownership.port()
+            if owner.blocked is not None:  # its loop's thread waits in a blocking call
+                check_submission(self, owner)
             self.owner = owner
             owner.submit(self, start_on_owner)
         except BaseException:
@@ -412,3 +418,74 @@ def owner_cancelled(op: Operation, exc: asyncio.CancelledError) -> None:
     if owner is not None and owner.die_if_shutting_down():
         return  # die() failed the operation with OwnerLoopClosed
     op.settle(CANCELLED, exc)
+
+
+# ------------------------------------------------- cycles of blocked threads
+# Blocking waits that can never end: cycles of blocked owner threads.
+#
+# ``blocking(p).m()`` blocks the calling thread.  Called on the thread of an
+# event loop B (sync code inside a coroutine on B), it blocks B too.  The wait can
+# then never end when what it waits for needs B:
+#
+# * B's thread waits on a call to A while A's thread waits on a call to B (two
+#   blocking calls across): a cycle of blocked threads, known when the second
+#   one blocks;
+# * B's thread waits on a call X to A, and X's work (X itself, or anything it
+#   awaits, on any loop) submits a call to B: B's loop cannot run it until X
+#   ends.
+#
+# Both are refused at once with :class:`~loopbridge.LoopAffinityError` naming the
+# loops in the cycle, instead of hanging.  Each loop's port records the call its
+# thread is blocked on (``Port.blocked``); each blocking call carries, in the
+# context its work runs in, the chain of blocking calls it is part of
+# (:data:`chain`), so a call submitted to a blocked loop is checked against the
+# call that loop waits on.  The hot path pays one attribute test per submission
+# (``Port.blocked`` is ``None`` unless that loop's thread is blocked).
+
+#: The blocking calls the current work is part of, outermost first.
+chain: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+    "loopbridge_blocking_chain", default=()
+)
+
+_MAX_HOPS = 64
+
+
+def check_block(call: Any, owner: Port, here: Port) -> None:
+    """Before ``here``'s loop thread blocks on ``call`` (owned by ``owner``): refuse
+    a wait that closes a cycle of blocked owner threads."""
+    path = [here, owner]
+    port: Port | None = owner
+    for _ in range(_MAX_HOPS):
+        if port is here:
+            raise _cycle(call.description, path)
+        waited = port.blocked if port is not None else None
+        if waited is None or waited.owner is None:
+            return
+        port = waited.owner
+        path.append(port)
+
+
+def check_submission(op: Any, port: Port) -> None:
+    """``op`` is submitted to ``port``, whose loop thread is blocked on a call: if
+    ``op`` is part of that call's work, ``port`` can never run it."""
+    blocked = port.blocked
+    if blocked is None:
+        return
+    blocking = op.ctx.get(chain, ())
+    if any(c is blocked for c in blocking):
+        owner = blocked.owner
+        raise _cycle(
+            f"{op.description}, made by the work of {blocked.description}",
+            [port, owner, port] if owner is not None else [port, port],
+        )
+
+
+def _cycle(what: str, path: list[Port]) -> LoopAffinityError:
+    loops = " -> ".join(p.label for p in path)
+    return LoopAffinityError(
+        f"{what} would wait for ever: the blocked owner threads form a cycle ({loops}). "
+        f"A blocking call (loopbridge.blocking(...)) made on the thread of {path[0].label} "
+        "blocks that loop, and the work it waits for needs it. Await the proxy there instead "
+        "(await loopbridge.proxy(obj).member(...)), or make the blocking call from a plain "
+        "thread."
+    )

@@ -108,21 +108,22 @@ class Pending:
         return route(opts, get_running_loop(), fn, (self, *args), {}, self._what)
 
     # -- blocking faces (plain threads; see Blocking) ----------------------------
-    def _blocking(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        return call_from_thread(Call(fn, (self, *args), {}, self._what, self._opts))
+    # ``timeout``: the blocking face's (see loopbridge.blocking).
+    def _blocking(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: Any) -> Any:
+        return call_from_thread(Call(fn, (self, *args), {}, self._what, self._opts), timeout)
 
-    def result_blocking(self) -> Any:
-        return self._blocking(_await_on_owner, ())
+    def result_blocking(self, timeout: float | None = None) -> Any:
+        return self._blocking(_await_on_owner, (), timeout)
 
-    def enter_blocking(self) -> Any:
-        return self._blocking(_enter_on_owner, ())
+    def enter_blocking(self, timeout: float | None = None) -> Any:
+        return self._blocking(_enter_on_owner, (), timeout)
 
-    def exit_blocking(self, et: Any, exc: Any, tb: Any) -> Any:
-        return self._blocking(_exit_on_owner, (et, exc, tb))
+    def exit_blocking(self, et: Any, exc: Any, tb: Any, timeout: float | None = None) -> Any:
+        return self._blocking(_exit_on_owner, (et, exc, tb), timeout)
 
-    def iter_blocking(self) -> BlockingStream[Any]:
+    def iter_blocking(self, timeout: float | None = None) -> BlockingStream[Any]:
         ch = Channel(_iterate_on_owner, (self,), {}, self._what, self._opts)
-        return BlockingStream._create(ch)
+        return BlockingStream._create(ch, timeout)
 
 
 # ------------------------------------------------------------------ owner side

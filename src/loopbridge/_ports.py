@@ -120,6 +120,7 @@ class Port:
         "thread_id",
         "_wakes",
         "waker",
+        "blocked",
         "__weakref__",
     )
 
@@ -160,6 +161,9 @@ class Port:
         self._wakes = itertools.count()  # exact from any thread
         # How callers on this loop wait (see _wakers); made on first use.
         self.waker: Any = None
+        # The call this loop's thread is blocked on in a blocking() call, if any
+        # (see _operation.check_block): None, except while a blocking call holds its thread.
+        self.blocked: Any = None
 
     def __repr__(self) -> str:
         return f"<Port {self.label}{' dead' if self.dead else ''}>"
@@ -178,7 +182,7 @@ class Port:
         here = get_running_loop()
         if here is not None and here is not self.loop:
             src: Port | None = getattr(here, _ATTR, None)
-            if src is not None and src.dead is None and src._more_ready():
+            if src is not None and src.dead is None and src.blocked is None and src._more_ready():
                 # More work is ready on the posting loop: send one wake at the
                 # end of its iteration, for everything posted meanwhile.
                 self._deferred_by = src
@@ -196,6 +200,12 @@ class Port:
         if not ready:
             return False
         return len(ready) > 1 or callback_of(ready[0]) != self._self_reader
+
+    def flush_deferred(self) -> None:
+        """Send the wakes this loop deferred to the end of its iteration now (its own
+        thread, about to block in a blocking call: the iteration will not end)."""
+        if self._outgoing:
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_pending = False

@@ -19,10 +19,10 @@ from typing import Any, Generic, TypeVar, cast
 
 from ._affinity import _Policy, original
 from ._calls import Call, call_from_thread, route_call, route_exit
-from ._codegen import build
+from ._codegen import Maker, build, make_class
 from ._construction import NoPublicConstructor
 from ._errors import LoopAffinityError
-from ._members import MemberKind, classify
+from ._members import MemberKind, classify, is_special, refusal, refused_member
 from ._metrics import Metrics
 from ._operation import Options
 from ._ownership import (
@@ -36,10 +36,8 @@ from ._ownership import (
 )
 from ._pending import Pending
 from ._ports import get_running_loop
-from ._refusals import is_special, refusal, refused_member
 from ._returns import PLAIN, Owned, loop_state
 from ._streams import BlockingStream, Channel, RemoteStream
-from ._subclass import Maker, make_class
 
 __all__ = [
     "proxy",
@@ -690,19 +688,21 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
     ``result()``, which waits for what awaiting it gives.
     """
 
-    __slots__ = ("_lb_proxy", "_lb_members")
+    __slots__ = ("_lb_proxy", "_lb_members", "_lb_timeout")
     _lb_factory = "loopbridge.blocking()"
 
-    def __init__(self, p: T) -> None:
+    def __init__(self, p: T, timeout: float | None = None) -> None:
         object.__setattr__(self, "_lb_proxy", p)
         object.__setattr__(self, "_lb_members", {})
+        object.__setattr__(self, "_lb_timeout", timeout)
 
     def __getattr__(self, name: str) -> Any:
         get = object.__getattribute__
         p = get(self, "_lb_proxy")
+        timeout: float | None = get(self, "_lb_timeout")
         if type(p) is Pending:
             if name == "result":
-                return p.result_blocking
+                return lambda: p.result_blocking(timeout)
             raise AttributeError(f"a pending result's blocking face has no {name!r}")
         members: dict[str, Any] = get(self, "_lb_members")
         member = members.get(name)
@@ -710,15 +710,9 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
             return member
         unbound = _blocking_member(type(p), name)
         if unbound is None:
-            value = getattr(p, name)  # passthrough, or the proxy's own refusal
-            if name in get(p, "_lb_ownership").returns:
-                if _is_proxy(value):
-                    return Blocking._create(value)  # an owned data member: its face too
-                if getattr(value, "__loopbridge_kind__", None) is MemberKind.PENDING:
-                    return lambda *a, **k: Blocking._create(value(*a, **k))
-            return value
+            return _face_of_value(p, name, timeout)
         member = members[name] = types.MethodType(
-            unbound, _Bound(get(p, "_lb_target"), get(p, "_lb_opts"))
+            unbound, _Bound(get(p, "_lb_target"), get(p, "_lb_opts"), timeout)
         )
         return member
 
@@ -728,19 +722,19 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
     def __enter__(self) -> Any:
         p = object.__getattribute__(self, "_lb_proxy")
         if type(p) is Pending:
-            return p.enter_blocking()
+            return p.enter_blocking(object.__getattribute__(self, "_lb_timeout"))
         return self.__getattr__("__aenter__")()
 
     def __exit__(self, et: Any, exc: Any, tb: Any) -> Any:
         p = object.__getattribute__(self, "_lb_proxy")
         if type(p) is Pending:
-            return p.exit_blocking(et, exc, tb)
+            return p.exit_blocking(et, exc, tb, object.__getattribute__(self, "_lb_timeout"))
         return self.__getattr__("__aexit__")(et, exc, tb)
 
     def __iter__(self) -> Any:
         p = object.__getattribute__(self, "_lb_proxy")
         if type(p) is Pending:
-            return p.iter_blocking()
+            return p.iter_blocking(object.__getattribute__(self, "_lb_timeout"))
         return self.__getattr__("__aiter__")()
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -750,14 +744,28 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
         return f"<loopbridge blocking face of {object.__getattribute__(self, '_lb_proxy')!r}>"
 
 
+def _face_of_value(p: Any, name: str, timeout: float | None) -> Any:
+    """A member that is not marshalled: passed through (or the proxy's own refusal);
+    an owned data member and a pending factory give blocking faces too."""
+    value = getattr(p, name)
+    if name in object.__getattribute__(p, "_lb_ownership").returns:
+        if _is_proxy(value):
+            return Blocking._create(value, timeout)  # an owned data member: its face too
+        if getattr(value, "__loopbridge_kind__", None) is MemberKind.PENDING:
+            return lambda *a, **k: Blocking._create(value(*a, **k), timeout)
+    return value
+
+
 class _Bound:
-    """What a blocking member is bound to: the target and its proxy's settings."""
+    """What a blocking member is bound to: the target, its proxy's settings and the
+    face's timeout."""
 
-    __slots__ = ("target", "opts")
+    __slots__ = ("target", "opts", "timeout")
 
-    def __init__(self, target: Any, opts: Options) -> None:
+    def __init__(self, target: Any, opts: Options, timeout: float | None) -> None:
         self.target = target
         self.opts = opts
+        self.timeout = timeout
 
 
 # The blocking face's members, rendered from the proxy member's original with
@@ -766,7 +774,8 @@ _BLOCKING_CALL = """
 def make({make_params}):
     def member({params}):
         return __lb_run(
-            __lb_call(__lb_fn, ({self}.target, {positional}), {keywords}, __lb_what, {self}.opts)
+            __lb_call(__lb_fn, ({self}.target, {positional}), {keywords}, __lb_what, {self}.opts),
+            {self}.timeout,
         )
     return member
 """
@@ -774,7 +783,8 @@ _BLOCKING_STREAM = """
 def make({make_params}):
     def member({params}):
         return __lb_stream(
-            __lb_channel(__lb_fn, ({self}.target, {positional}), {keywords}, __lb_what, {self}.opts)
+            __lb_channel(__lb_fn, ({self}.target, {positional}), {keywords}, __lb_what, {self}.opts),
+            {self}.timeout,
         )
     return member
 """
@@ -838,7 +848,8 @@ def _blocking_result(pcls: type) -> Callable[..., Any] | None:
     what = f"awaiting a {pcls.__qualname__.removesuffix('Proxy')} object"
 
     def result(bound: _Bound, /) -> Any:
-        return call_from_thread(Call(on_owner, (bound.target, bound.opts), {}, what, bound.opts))
+        c = Call(on_owner, (bound.target, bound.opts), {}, what, bound.opts)
+        return call_from_thread(c, bound.timeout)
 
     result.__qualname__ = f"{pcls.__qualname__}.result"
     result.__doc__ = "Block until awaiting the object on its owner loop gives its result."
@@ -855,7 +866,7 @@ def _blocking_owned_member(
 
         def call(bound: _Bound, /, *args: Any, **kwargs: Any) -> Any:
             c = Call(on_owner, (bound.target, bound.opts, *args), kwargs, what, bound.opts)
-            return call_from_thread(c)
+            return call_from_thread(c, bound.timeout)
 
         return call
     if kind is MemberKind.OWNED_STREAM:
@@ -863,7 +874,7 @@ def _blocking_owned_member(
 
         def stream(bound: _Bound, /, *args: Any, **kwargs: Any) -> Any:
             ch = Channel(on_owner, (bound.target, bound.opts, *args), kwargs, what, bound.opts)
-            return BlockingStream._create(ch)
+            return BlockingStream._create(ch, bound.timeout)
 
         return stream
     if kind is MemberKind.PENDING:
@@ -871,23 +882,30 @@ def _blocking_owned_member(
         def pending(bound: _Bound, /, *args: Any, **kwargs: Any) -> Any:
             rule = bound.opts.ownership.returns[name]
             made = Pending(fn, (bound.target, *args), kwargs, rule, bound.opts, what, _own)
-            return Blocking._create(made)
+            return Blocking._create(made, bound.timeout)
 
         return pending
     return None
 
 
-def blocking(p: T) -> Blocking[T]:
+def blocking(p: T, *, timeout: float | None = None) -> Blocking[T]:
     """The blocking face of a proxy (or of a loop-affine object) for plain threads.
 
     Also takes what a sync member with a ``returns`` rule gave back through a
     proxy (a pending result): its face enters, iterates and waits for it.  A
-    blocking face is returned unchanged.
+    blocking face is returned unchanged (or, with a ``timeout``, a face of the
+    same proxy with that timeout).  ``timeout``: each wait (a call, a stream's
+    next item, a pending result) gives up after that many seconds with
+    ``TimeoutError`` naming the operation, and the owner side is cancelled.
     """
-    if type(p) is Pending:
-        return cast("Blocking[T]", Blocking._create(p))
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive (seconds) or None, not {timeout!r}")
     if type(p) is Blocking:
-        return cast("Blocking[T]", p)  # already the face, as proxy(p) of a proxy is p
+        if timeout is None:
+            return cast("Blocking[T]", p)  # already the face, as proxy(p) of a proxy is p
+        p = object.__getattribute__(p, "_lb_proxy")
+    if type(p) is Pending:
+        return cast("Blocking[T]", Blocking._create(p, timeout))
     if not getattr(type(p), "__loopbridge_proxy__", False):
         p = proxy(p)
-    return cast("Blocking[T]", Blocking._create(p))
+    return cast("Blocking[T]", Blocking._create(p, timeout))

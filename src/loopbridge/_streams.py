@@ -349,12 +349,13 @@ class RemoteStream(Generic[Y]):
 class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
     """A blocking iterator over an owner-side async generator, for plain threads."""
 
-    __slots__ = ("_ch", "_waker", "__weakref__")
+    __slots__ = ("_ch", "_waker", "_timeout", "__weakref__")
     _lb_factory = "an async generator method of a loopbridge.blocking() face"
 
-    def __init__(self, ch: Channel) -> None:
+    def __init__(self, ch: Channel, timeout: float | None = None) -> None:
         self._ch = ch
         self._waker: ThreadWaker | None = None  # set when iteration starts
+        self._timeout = timeout  # per item: the blocking face's
 
     def __iter__(self) -> Iterator[Y]:
         return self
@@ -386,7 +387,7 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
             waker.arm(ch)
             if ch.park_begins():
                 try:
-                    waker.park(ch, ch.owner)  # type: ignore[arg-type]
+                    waker.park(ch, ch.owner, self._timeout)  # type: ignore[arg-type]
                 except BaseException:
                     ch.parked = False
                     self.close()

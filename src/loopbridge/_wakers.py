@@ -213,9 +213,20 @@ class ThreadWaker:
         except RuntimeError:  # already released by a racing wake
             pass
 
-    def park(self, op: Operation, owner: Port) -> None:
+    def park(self, op: Operation, owner: Port, timeout: float | None = None) -> None:
+        """Wait until woken; ``timeout``: raise ``TimeoutError`` after that many seconds."""
         lock: threading.Lock = op.waiter
-        while not lock.acquire(timeout=LIVENESS_INTERVAL):
+        if timeout is None:
+            while not lock.acquire(timeout=LIVENESS_INTERVAL):
+                (op.owner or owner).check_alive()
+            return
+        deadline = _perf() + timeout
+        while not lock.acquire(timeout=max(0.0, min(LIVENESS_INTERVAL, deadline - _perf()))):
+            if _perf() >= deadline:
+                raise TimeoutError(
+                    f"{op.description} gave no result within {timeout} s (the blocking "
+                    "face's timeout); it is cancelled on its owner loop"
+                )
             (op.owner or owner).check_alive()
 
     def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
