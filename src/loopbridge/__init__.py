@@ -18,7 +18,7 @@ from ._affinity import set_affinity_check
 from ._declare import adopt, loop_affine, owner_loop, transfer
 from ._errors import LoopAffinityError, OwnerLoopClosed, UnsupportedRuntime
 from ._loop_thread import LoopThread
-from ._proxy import Blocking, blocking, is_proxy, proxy, unwrap
+from ._proxy import Blocking, blocking, is_proxy, proxy, read_ahead, unwrap
 from ._returns import Owned
 from ._streams import BlockingStream
 
@@ -30,6 +30,7 @@ __all__ = [
     "Owned",
     "proxy",
     "blocking",
+    "read_ahead",
     "is_proxy",
     "unwrap",
     "LoopThread",

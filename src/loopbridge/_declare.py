@@ -70,6 +70,7 @@ def adopt(
     stable: Iterable[str] = (),
     threadsafe: Iterable[str] = (),
     returns: Mapping[str, Owned] | None = None,
+    read_ahead: Mapping[str, int | None] | None = None,
 ) -> T:
     """Declare that an existing instance belongs to ``loop`` (default: the running loop).
 
@@ -77,8 +78,9 @@ def adopt(
     ``AsyncLLM``.  ``stable`` names data members that any thread may read (set once
     at setup); ``threadsafe`` names sync members that any thread may call;
     ``returns`` gives members whose results belong to the owner loop a rule
-    (:class:`Owned`) that brings them back as proxies.  Returns ``obj`` itself,
-    unchanged.
+    (:class:`Owned`) that brings them back as proxies; ``read_ahead`` how far
+    a stream member may read ahead of its consumer (see :func:`read_ahead`).
+    Returns ``obj`` itself, unchanged.
     """
     if ownership_of(obj) is not None:
         raise LoopAffinityError(
@@ -88,12 +90,14 @@ def adopt(
     base_stable, base_threadsafe, base_returns = _class_spec(type(obj))
     rules = check_rules(returns, "adopt(returns=...)")
     _check_members(obj, rules)
+    ahead = check_read_ahead(read_ahead, "adopt(read_ahead=...)")
     ownership = Ownership(
         _current_loop(loop),
         names(stable, "adopt(stable=...)") | base_stable,
         names(threadsafe, "adopt(threadsafe=...)") | base_threadsafe,
         f"{type(obj).__qualname__} object",
         {**base_returns, **rules},
+        {**_class_read_ahead(type(obj)), **ahead},
     )
     attach(obj, ownership)
     return obj
@@ -116,6 +120,27 @@ _NO_SPEC: tuple[frozenset[str], frozenset[str], Mapping[str, Owned]] = (
 )
 
 
+def check_read_ahead(
+    read_ahead: Mapping[str, int | None] | None, what: str
+) -> dict[str, int | None]:
+    """``read_ahead=`` as a plain dict of member name to items (``None``: batched)."""
+    out: dict[str, int | None] = {}
+    for name, items in (read_ahead or {}).items():
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: member names are strings, not {name!r}")
+        if items is not None and (type(items) is not int or items < 0):
+            raise ValueError(f"{what}[{name!r}] must be 0 or more items, or None, not {items!r}")
+        out[name] = items
+    return out
+
+
+def _class_read_ahead(cls: type) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for klass in reversed(cls.__mro__):
+        out.update(klass.__dict__.get("__loopbridge_read_ahead__", {}))
+    return out
+
+
 def _class_spec(cls: type) -> tuple[frozenset[str], frozenset[str], Mapping[str, Owned]]:
     spec = cls.__dict__.get("__loopbridge_spec__")
     if spec is None:
@@ -136,6 +161,7 @@ def loop_affine(
     stable: Iterable[str] = (),
     threadsafe: Iterable[str] = (),
     returns: Mapping[str, Owned] | None = None,
+    read_ahead: Mapping[str, int | None] | None = None,
 ) -> Callable[[C], C]: ...
 
 
@@ -146,6 +172,7 @@ def loop_affine(
     stable: Iterable[str] = (),
     threadsafe: Iterable[str] = (),
     returns: Mapping[str, Owned] | None = None,
+    read_ahead: Mapping[str, int | None] | None = None,
 ) -> C | Callable[[C], C]:
     """Class decorator: each instance belongs to the loop running at construction.
 
@@ -154,11 +181,13 @@ def loop_affine(
     that doesn't own it raise :class:`LoopAffinityError` (see
     :func:`set_affinity_check`); use :func:`proxy` to call it from anywhere.
     ``returns`` declares members whose results belong to the owner loop
-    (see :class:`Owned`).
+    (see :class:`Owned`); ``read_ahead`` how far a stream member may read ahead
+    of its consumer (see :func:`read_ahead`).
     """
     stable_set = names(stable, "@loop_affine(stable=...)")
     threadsafe_set = names(threadsafe, "@loop_affine(threadsafe=...)")
     rules = check_rules(returns, "@loop_affine(returns=...)")
+    ahead = check_read_ahead(read_ahead, "@loop_affine(read_ahead=...)")
 
     def decorate(klass: C) -> C:
         base_stable, base_threadsafe, base_returns = _class_spec(klass)
@@ -167,6 +196,8 @@ def loop_affine(
             base_threadsafe | threadsafe_set,
             {**base_returns, **rules},
         )
+        if ahead:
+            klass.__loopbridge_read_ahead__ = ahead  # type: ignore[attr-defined]
         _wrap_init(klass)
         _reduce_without_record(klass)
         slotted = not _has_dict(klass)
@@ -229,8 +260,10 @@ def _guard_subclasses(klass: type) -> None:
 
 def _own_new_instance(obj: Any) -> None:
     """Attach a new instance's own record: owned by the running loop, if any."""
-    s, t, r = _class_spec(type(obj))
-    attach(obj, Ownership(get_running_loop(), s, t, f"{type(obj).__qualname__} object", r))
+    cls = type(obj)
+    s, t, r = _class_spec(cls)
+    name = f"{cls.__qualname__} object"
+    attach(obj, Ownership(get_running_loop(), s, t, name, r, _class_read_ahead(cls)))
 
 
 # ------------------------------------------------------------- copy and pickle

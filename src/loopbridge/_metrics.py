@@ -50,7 +50,9 @@ _FOLD_AT = 2048
 
 #: Counter names, in the order a reader must take them (see Totals.read).
 _CALL_KEYS = ("ok", "errors", "cancelled", "caller_cancels", "submitted")
-_STREAM_KEYS = ("completed", "errors", "cancelled", "consumer_closes", "opened", "items", "wakeups")
+_STREAM_KEYS = (
+    "completed", "errors", "cancelled", "consumer_closes", "opened", "items", "wakeups", "unread",
+)  # fmt: skip
 
 
 class Totals:
@@ -107,6 +109,7 @@ class Totals:
             "stream_items": s["items"],
             "stream_batches": s["wakeups"],
             "items_per_wakeup": s["items"] / s["wakeups"] if s["wakeups"] else None,
+            "stream_items_unread": s["unread"],
             "admission": self.admission.as_dict(),
             "run": self.run.as_dict(),
             "return": self.returned.as_dict(),
@@ -147,7 +150,7 @@ class _Data:
     __slots__ = (
         "c_ok", "c_errors", "c_cancelled", "c_caller_cancels", "c_submitted",
         "s_completed", "s_errors", "s_cancelled", "s_closes", "s_opened",
-        "samples", "sizes", "lock", "items",
+        "samples", "sizes", "lock", "items", "unread",
         "admission", "run", "returned", "batch_size",
     )  # fmt: skip
 
@@ -163,6 +166,7 @@ class _Data:
         self.sizes: deque[int] = deque()
         self.lock = threading.RLock()
         self.items = 0
+        self.unread = 0  # items read ahead that no consumer took (under lock)
         self.admission = Histogram()
         self.run = Histogram()
         self.returned = Histogram()
@@ -197,6 +201,7 @@ class _Data:
         c["submitted"], s["opened"] = _value(self.c_submitted), _value(self.s_opened)
         with self.lock:
             s["items"], s["wakeups"] = self.items, self.batch_size.n
+            s["unread"] = self.unread
             t.admission.merge(self.admission)
             t.run.merge(self.run)
             t.returned.merge(self.returned)
@@ -281,6 +286,12 @@ class Metrics(metaclass=NoPublicConstructor):
     def stream_closed(self) -> None:
         """The consumer closed the stream before its end."""
         next(self._s_closes)
+
+    def stream_unread(self, items: int) -> None:
+        """A stream ended with ``items`` read ahead that its consumer never took."""
+        d = self._data
+        with d.lock:
+            d.unread += items
 
     def stream_batch(self, items: int) -> None:
         """The consumer took ``items`` items between two wake-ups."""

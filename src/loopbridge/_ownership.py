@@ -52,6 +52,7 @@ class Ownership:
         "stable",
         "threadsafe",
         "returns",
+        "read_ahead",
         "_key",
         "_lock",
         "name",
@@ -67,6 +68,7 @@ class Ownership:
         threadsafe: frozenset[str],
         name: str,
         returns: Mapping[str, Any] | None = None,
+        read_ahead: Mapping[str, int | None] | None = None,
     ) -> None:
         self.owner = Owner(loop)
         self._port: Port | None = None
@@ -74,7 +76,14 @@ class Ownership:
         self.threadsafe = threadsafe
         # Rules for members whose results belong to the owner loop (see _returns).
         self.returns: Mapping[str, Any] = MappingProxyType(dict(returns or {}))
-        self._key = (stable, threadsafe, frozenset(self.returns.items()))
+        # How far each stream member may read ahead (see _streams.Channel.ahead).
+        self.read_ahead: Mapping[str, int | None] = MappingProxyType(dict(read_ahead or {}))
+        self._key = (
+            stable,
+            threadsafe,
+            frozenset(self.returns.items()),
+            frozenset(self.read_ahead.items()),
+        )
         self._lock = threading.Lock()
         self.name = name
         self.metrics = Metrics._create(name)
@@ -86,7 +95,7 @@ class Ownership:
         # _declare), never this one, and pickling it never fails on its contents.
         return (_no_record, ())
 
-    def spec_key(self) -> tuple[frozenset[str], frozenset[str], frozenset[tuple[str, Any]]]:
+    def spec_key(self) -> tuple[Any, ...]:
         """The declarations as one hashable value (a proxy class is cached by it)."""
         return self._key  # declarations are fixed at construction
 

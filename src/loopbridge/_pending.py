@@ -60,7 +60,7 @@ class Pending:
     awaiting it gives.
     """
 
-    __slots__ = ("_fn", "_args", "_kwargs", "_rule", "_opts", "_what", "_own", "_obj")
+    __slots__ = ("_fn", "_args", "_kwargs", "_rule", "_opts", "_what", "_own", "_obj", "ahead")
 
     def __init__(
         self,
@@ -80,6 +80,10 @@ class Pending:
         self._what = what
         self._own = own
         self._obj = _UNMADE  # the member's result: owner side only
+        # Iterated, the object is made for this stream (and cancelled if left
+        # early, see _iterate_on_owner): batched, unless loopbridge.read_ahead()
+        # says otherwise.
+        self.ahead: int | None = None
 
     def __repr__(self) -> str:
         return f"<loopbridge pending result of {self._what}>"
@@ -97,7 +101,8 @@ class Pending:
     def __aiter__(self) -> AsyncIterator[Any]:
         if on_owner_thread(self._opts.ownership):
             return _iterate_on_owner(self)
-        return RemoteStream(Channel(_iterate_on_owner, (self,), {}, self._what, self._opts))
+        ch = Channel(_iterate_on_owner, (self,), {}, self._what, self._opts, ahead=self.ahead)
+        return RemoteStream(ch)
 
     def _call(
         self, fn: Callable[..., Any], args: tuple[Any, ...], route: Callable[..., Any] = route_call
@@ -122,7 +127,7 @@ class Pending:
         return self._blocking(_exit_on_owner, (et, exc, tb), timeout)
 
     def iter_blocking(self, timeout: float | None = None) -> BlockingStream[Any]:
-        ch = Channel(_iterate_on_owner, (self,), {}, self._what, self._opts)
+        ch = Channel(_iterate_on_owner, (self,), {}, self._what, self._opts, ahead=self.ahead)
         return BlockingStream._create(ch, timeout)
 
 

@@ -10,11 +10,12 @@ generated classes are cached per (class, declarations).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import types
 import warnings
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar, cast
 
 from ._affinity import _Policy, original
@@ -43,6 +44,7 @@ __all__ = [
     "proxy",
     "blocking",
     "Blocking",
+    "read_ahead",
     "is_proxy",
     "unwrap",
     "metrics_of",
@@ -135,8 +137,9 @@ def make({make_params}):
 
 
 def _stream_member(
-    name: str, fn: Callable[..., Any], what: str | None = None
+    name: str, fn: Callable[..., Any], what: str | None = None, ahead: int | None = None
 ) -> Callable[..., Any]:
+    """``ahead``: how far the stream reads ahead of its consumer (None: batched)."""
     member = build(
         _STREAM_MEMBER,
         fn,
@@ -145,10 +148,16 @@ def _stream_member(
         __lb_ident=threading.get_ident,
         __lb_grl=get_running_loop,
         __lb_stream=RemoteStream,
-        __lb_channel=Channel,
+        __lb_channel=channel_maker(ahead),
         __lb_what=what or f"{fn.__qualname__}()",
     )
+    member.__loopbridge_ahead__ = ahead  # type: ignore[attr-defined]
     return _describe(member, name, fn, MemberKind.STREAM)
+
+
+def channel_maker(ahead: int | None) -> Callable[..., Channel]:
+    """How a stream member makes its channel: batched (the plain class), or on demand."""
+    return Channel if ahead is None else functools.partial(Channel, ahead=ahead)
 
 
 async def _iterate(self: Any) -> AsyncIterator[Any]:
@@ -158,12 +167,14 @@ async def _iterate(self: Any) -> AsyncIterator[Any]:
         yield item
 
 
-def _iteration_member(cls: type, raw: Any, rule: Owned | None) -> Callable[..., Any]:
+def _iteration_member(
+    cls: type, raw: Any, rule: Owned | None, ahead: int | None
+) -> Callable[..., Any]:
     what = f"iterating a {cls.__qualname__} object"
     if rule is not None:  # returns={"__anext__": ...}: each item comes back as a proxy
-        member = _owned_stream_member("__aiter__", _iterate, rule, what)
+        member = _owned_stream_member("__aiter__", _iterate, rule, what, ahead)
     else:
-        member = _stream_member("__aiter__", _iterate, what)
+        member = _stream_member("__aiter__", _iterate, what, ahead)
     member.__qualname__ = f"{cls.__qualname__}.__aiter__"
     member.__doc__ = raw.__doc__
     return member
@@ -195,7 +206,7 @@ def _owned_call_member(name: str, fn: Callable[..., Any], rule: Owned) -> Callab
 
 
 def _owned_stream_member(
-    name: str, fn: Callable[..., Any], rule: Owned | None, what: str
+    name: str, fn: Callable[..., Any], rule: Owned | None, what: str, ahead: int | None
 ) -> Callable[..., Any]:
     async def on_owner(target: Any, opts: Options, /, *args: Any, **kwargs: Any) -> Any:
         agen = fn(target, *args, **kwargs)
@@ -209,9 +220,11 @@ def _owned_stream_member(
         target, opts = _generic_parts(self)
         if on_owner_thread(opts.ownership):
             return on_owner(target, opts, *args, **kwargs)
-        return RemoteStream(Channel(on_owner, (target, opts, *args), kwargs, what, opts))
+        ch = Channel(on_owner, (target, opts, *args), kwargs, what, opts, ahead=ahead)
+        return RemoteStream(ch)
 
     member.__loopbridge_on_owner__ = on_owner  # type: ignore[attr-defined]
+    member.__loopbridge_ahead__ = ahead  # type: ignore[attr-defined]
     return _describe(member, name, fn, MemberKind.OWNED_STREAM)
 
 
@@ -466,7 +479,7 @@ def _proxy_class(cls: type, ownership: Ownership) -> tuple[type, Maker]:
         return made
     ns: dict[str, Any] = {"__slots__": _SLOTS, "__loopbridge_proxy__": True}
     for name, (kind, raw) in classify(cls, ownership).items():
-        member = _proxy_member(cls, name, kind, raw, ownership.returns)
+        member = _proxy_member(cls, name, kind, raw, ownership)
         if member is not None:  # None: CLASS_LEVEL, inherited as is
             ns[name] = member
     if hasattr(cls, "_asyncio_future_blocking"):
@@ -490,23 +503,24 @@ def _proxy_class(cls: type, ownership: Ownership) -> tuple[type, Maker]:
     return _cache[key]
 
 
-def _proxy_member(
-    cls: type, name: str, kind: MemberKind, raw: Any, rules: Mapping[str, Owned]
-) -> Any:
+def _proxy_member(cls: type, name: str, kind: MemberKind, raw: Any, ownership: Ownership) -> Any:
     """The proxy's member ``name`` of kind ``kind`` (``None``: inherited as is)."""
+    rules = ownership.returns
     if kind is MemberKind.ASYNC:
         return _async_member(name, original(raw))
-    if kind is MemberKind.STREAM:
-        return _stream_member(name, original(raw))
-    if kind is MemberKind.ITERATION:
-        return _iteration_member(cls, raw, rules.get("__anext__"))
+    if kind is MemberKind.STREAM:  # its generator is the stream's own: batched by default
+        return _stream_member(name, original(raw), ahead=ownership.read_ahead.get(name))
+    if kind is MemberKind.ITERATION:  # the object's own source: on demand by default
+        ahead = ownership.read_ahead.get("__aiter__", 0)
+        return _iteration_member(cls, raw, rules.get("__anext__"), ahead)
     if kind is MemberKind.AWAIT:
         return _await_member(cls, raw, rules.get("__await__"))
     if kind is MemberKind.OWNED_CALL:
         return _owned_call_member(name, original(raw), rules[name])
     if kind is MemberKind.OWNED_STREAM:
         fn = original(raw)
-        return _owned_stream_member(name, fn, rules[name], f"{fn.__qualname__}()")
+        what = f"{fn.__qualname__}()"
+        return _owned_stream_member(name, fn, rules[name], what, ownership.read_ahead.get(name))
     if kind is MemberKind.PENDING:
         return _pending_member(name, original(raw), rules[name])
     if kind is MemberKind.OWNED_ATTR:
@@ -647,6 +661,41 @@ def _new_proxy(obj: Any, ownership: Ownership, window: int, grace: float, eager:
     setattr_(p, "_lb_ownership", ownership)
     setattr_(p, "_lb_opts", Options(ownership, window, grace, eager, _shape))
     return p
+
+
+S = TypeVar("S")
+
+
+def read_ahead(stream: S, items: int | None) -> S:
+    """Set how far ``stream`` may read ahead of its consumer; returns ``stream``.
+
+    ``stream``: what an async generator member, an async-iterable object or a
+    pending result gives through a proxy (or its blocking face), before its
+    first item is asked for.  ``items=0``: the owner asks the source for an item
+    only once the consumer has asked for it, so leaving early leaves the rest
+    in the source; ``n``: up to ``n`` more; ``None``: batched, up to the proxy's
+    ``stream_window`` (the default for a generator member, whose generator is
+    the stream's own).  Items read ahead that the consumer never takes are
+    lost to the source and counted (``stream_items_unread``).  On the owner
+    loop a member gives the generator itself, which reads nothing ahead: it
+    is returned unchanged.
+    """
+    if items is not None and (type(items) is not int or items < 0):
+        raise ValueError(f"read_ahead takes 0 or more items, or None, not {items!r}")
+    if type(stream) is Pending:
+        cast(Pending, stream).ahead = items
+        return stream
+    if isinstance(stream, (RemoteStream, BlockingStream)):
+        if object.__getattribute__(stream, "_waker") is not None:
+            raise ValueError("read_ahead() applies before the stream's first item is asked for")
+        object.__getattribute__(stream, "_ch").set_ahead(items)
+        return stream
+    if inspect.isasyncgen(stream) or hasattr(type(stream), "__anext__"):
+        return stream  # the generator itself, on its owner loop: no pump, nothing ahead
+    raise TypeError(
+        "read_ahead() takes what an async generator member, an async-iterable object or a "
+        f"pending result gave through a proxy, not a {type(stream).__qualname__} object"
+    )
 
 
 def is_proxy(obj: object) -> bool:
@@ -819,7 +868,7 @@ def _blocking_member(pcls: type, name: str) -> Callable[..., Any] | None:
             "blocking stream member",
             __lb_fn=fn,
             __lb_stream=BlockingStream._create,
-            __lb_channel=Channel,
+            __lb_channel=channel_maker(getattr(raw, "__loopbridge_ahead__", None)),
             __lb_what=f"{fn.__qualname__}()",
         )
     if member is None and fn is not None:
@@ -871,9 +920,10 @@ def _blocking_owned_member(
         return call
     if kind is MemberKind.OWNED_STREAM:
         on_owner = raw.__loopbridge_on_owner__
+        make = channel_maker(raw.__loopbridge_ahead__)
 
         def stream(bound: _Bound, /, *args: Any, **kwargs: Any) -> Any:
-            ch = Channel(on_owner, (bound.target, bound.opts, *args), kwargs, what, bound.opts)
+            ch = make(on_owner, (bound.target, bound.opts, *args), kwargs, what, bound.opts)
             return BlockingStream._create(ch, bound.timeout)
 
         return stream

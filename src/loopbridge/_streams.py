@@ -64,11 +64,13 @@ class Channel(Operation):
         "counted",
         "agen",
         "t_parked",
+        "ahead",
+        "unread_latch",
     )
 
     kind = "stream"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, ahead: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # nobody to wake until iteration starts
         self.counters = self.opts.metrics.streams
         window = self.opts.window
@@ -76,6 +78,12 @@ class Channel(Operation):
             raise ValueError(f"stream window must be at least 1, not {window}")
         self.window = window
         self.ack_every = max(1, window // 2)
+        # None: batched, up to the window ahead (a generator that is the stream's
+        # own); n: at most n items beyond what the consumer asked for.
+        self.ahead: int | None = None
+        self.unread_latch = [True]  # popped by whoever counts the unread items, once
+        if ahead is not None:
+            self.set_ahead(ahead)
         self.buf: deque[Any] = deque()
         self.acked = 0  # items the consumer has taken, as last published
         self.taken = 0  # items the consumer has taken (consumer side)
@@ -87,9 +95,30 @@ class Channel(Operation):
         self.agen: Any = None
         self.t_parked = 0.0
 
+    def set_ahead(self, ahead: int | None) -> None:
+        """How far the pump may read ahead (before the stream starts)."""
+        if ahead is not None:
+            if ahead < 0:
+                raise ValueError(f"read_ahead must be 0 or more items, or None, not {ahead}")
+            self.ack_every = 1  # every item taken is published: the demand is exact
+        else:
+            self.ack_every = max(1, self.window // 2)
+        self.ahead = ahead
+
+    def count_unread(self) -> None:
+        """Count the items read ahead that the consumer will never take (once)."""
+        try:
+            self.unread_latch.pop()
+        except IndexError:
+            return
+        if self.buf:
+            self.opts.metrics.stream_unread(len(self.buf))
+
     # -- hooks -----------------------------------------------------------------
     def on_settled(self) -> None:
         self.opts.metrics.stream_ended(self)
+        if self.cancel is REQUESTED:  # the consumer left: nothing buffered is taken now
+            self.count_unread()
         if self.parked:
             self.parked = False
             self.waker.wake(self)
@@ -98,6 +127,8 @@ class Channel(Operation):
         self.opts.metrics.stream_closed()
 
     def body(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
+        if self.ahead is not None:
+            return _pump_on_demand(self, loop)
         return _pump(self, loop)  # a frame once per stream, not per item
 
     def describe(self) -> dict[str, Any]:
@@ -137,7 +168,8 @@ class Channel(Operation):
         self.count_taken()
         if self.outcome is not PENDING and not self.buf:
             self.raise_end()
-        self.ack(self.taken)
+        # On demand, parking asks for one more item; batched, it returns all credit.
+        self.ack(self.taken if self.ahead is None else self.taken + 1)
 
     def ack(self, taken: int) -> None:
         """Publish consumption; wake the producer if it waits for credit."""
@@ -181,6 +213,7 @@ class Channel(Operation):
 
 # ------------------------------------------------------------- owner side
 async def _pump(ch: Channel, loop: asyncio.AbstractEventLoop) -> None:
+    """Batched: read up to the window ahead of what the consumer took."""
     agen = ch.agen = ch.fn(*ch.args, **ch.kwargs)
     buf = ch.buf
     window = ch.window
@@ -204,24 +237,69 @@ async def _pump(ch: Channel, loop: asyncio.AbstractEventLoop) -> None:
                 if ch.cancel is REQUESTED:
                     break
     except BaseException as exc:
-        if isinstance(exc, asyncio.CancelledError):
-            await _aclose_quietly(agen)  # close it here, on the owner loop
-        if ch.raised_on_owner(exc, loop):
+        if await _pump_raised(ch, agen, exc, loop):
             raise
     else:
-        # Ended normally or by a close request between items: close the generator
-        # here, on the owner loop, so its finally runs here.
-        try:
-            await agen.aclose()
-        except BaseException as exc:
-            ch.settle(ERROR, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        if ch.cancel is REQUESTED:
-            ch.settle(CANCELLED, asyncio.CancelledError(ch.cancel_msg))
-        else:
-            ch.settle(OK, None)
+        await _pump_ended(ch, agen)
+
+
+async def _pump_on_demand(ch: Channel, loop: asyncio.AbstractEventLoop) -> None:
+    """On demand: ask the source for an item only when the consumer has asked for
+    it (plus ``ahead``), so a consumer that leaves early leaves the rest unread in
+    a source the stream does not own (a socket, a shared queue)."""
+    agen = ch.agen = ch.fn(*ch.args, **ch.kwargs)
+    buf = ch.buf
+    ahead = ch.ahead or 0
+    produced = 0
+    try:
+        while ch.cancel is not REQUESTED:
+            if produced >= ch.acked + ahead:  # nothing asked for: wait for demand
+                waiter = ch.producer_waiter = loop.create_future()
+                ch.producer_parked = True
+                if produced >= ch.acked + ahead and ch.cancel is not REQUESTED:
+                    await waiter
+                ch.producer_parked = False
+                ch.producer_waiter = None
+                continue
+            try:
+                item = await agen.__anext__()
+            except StopAsyncIteration:
+                break
+            buf.append(item)
+            produced += 1
+            if ch.parked:
+                ch.parked = False
+                ch.waker.wake(ch)
+    except BaseException as exc:
+        if await _pump_raised(ch, agen, exc, loop):
+            raise
+    else:
+        await _pump_ended(ch, agen)
+
+
+async def _pump_raised(
+    ch: Channel, agen: Any, exc: BaseException, loop: asyncio.AbstractEventLoop
+) -> bool:
+    """The pump raised (a cancel, the generator's error): whether to re-raise."""
+    if isinstance(exc, asyncio.CancelledError):
+        await _aclose_quietly(agen)  # close it here, on the owner loop
+    return ch.raised_on_owner(exc, loop)
+
+
+async def _pump_ended(ch: Channel, agen: Any) -> None:
+    """Ended normally or by a close request between items: close the generator
+    here, on the owner loop, so its finally runs here."""
+    try:
+        await agen.aclose()
+    except BaseException as exc:
+        ch.settle(ERROR, exc)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    if ch.cancel is REQUESTED:
+        ch.settle(CANCELLED, asyncio.CancelledError(ch.cancel_msg))
+    else:
+        ch.settle(OK, None)
 
 
 async def _aclose_quietly(agen: Any) -> None:
@@ -314,13 +392,16 @@ class RemoteStream(Generic[Y]):
         ch.count_taken()
         if ch.caller_gives_up(msg):
             await waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
-            ch.buf.clear()
+        ch.count_unread()
+        ch.buf.clear()
 
     async def aclose(self) -> None:
         """Close the owner-side generator on the owner loop and wait for its cleanup."""
         waker = self._waker
         if self._ch.close_needed(waker is not None) and waker is not None:
             await self._close_and_wait(waker, None)
+        else:
+            self._ch.count_unread()  # ended already: what it read ahead stays unread
 
     async def asend(self, value: None) -> Y:
         if value is not None:
@@ -342,7 +423,8 @@ class RemoteStream(Generic[Y]):
         if self._waker is not None:
             ch = self._ch
             ch.count_taken()
-            ch.request_cancel(None)
+            if not ch.request_cancel(None):
+                ch.count_unread()  # ended already (else the owner counts when it stops)
 
 
 # ------------------------------------------------------------- thread consumer
@@ -399,10 +481,12 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
         ch = self._ch
         waker = self._waker
         if not ch.close_needed(waker is not None) or waker is None:
+            ch.count_unread()
             return
         if ch.caller_gives_up(None):
             waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
-            ch.buf.clear()
+        ch.count_unread()
+        ch.buf.clear()
 
     def __enter__(self) -> BlockingStream[Y]:
         return self
@@ -412,5 +496,7 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
 
     def __del__(self) -> None:
         if self._waker is not None:
-            self._ch.count_taken()
-            self._ch.request_cancel(None)
+            ch = self._ch
+            ch.count_taken()
+            if not ch.request_cancel(None):
+                ch.count_unread()
