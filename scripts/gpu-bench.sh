@@ -10,7 +10,7 @@
 #                 the official vLLM wheel from the package index, which brings its CUDA
 #                 build of torch, and loopbridge with the vllm-server and vllm-bench
 #                 extras; then run (add --dry-run to check the set-up only)
-#   --vllm X.Y.Z  the vLLM release --setup installs (default 0.33.0; 0.32.0 also works)
+#   --vllm X.Y.Z  the vLLM release --setup installs (default 0.34.0; any release of README's table)
 #   --model DIR   a local Hugging Face model directory (default: the tiny model built
 #                 locally into .cache/tiny-model, random weights, bfloat16)
 #   --out DIR     results (default results/gpu-latency): latency.json, latency.md,
@@ -40,7 +40,7 @@ model=""
 out="results/gpu-latency"
 dry_run=0
 setup=0
-vllm_version="0.33.0"
+vllm_version="0.34.0"
 bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in

@@ -42,7 +42,7 @@ from loopbridge_vllm._vllm_releases.changed_fields import (
     sleep_tags,
     tokens_generated_before,
 )
-from loopbridge_vllm._vllm_releases.changed_signatures import WorkerCalls
+from loopbridge_vllm._vllm_releases.changed_signatures import WorkerCalls, create_transfer_engine
 from loopbridge_vllm.weight_transfer import register_inline_backend
 
 _T = TypeVar("_T")
@@ -126,8 +126,8 @@ class _StandInWorker(WorkerCalls):
             from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
             register_inline_backend()
-            self.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
-                transfer, config, torch.device("cpu"), self.model
+            self.weight_transfer_engine = create_transfer_engine(
+                WeightTransferEngineFactory, transfer, config, torch.device("cpu"), self.model
             )
         self.steps = 0
         #: The sleep level while any memory sleeps, None while awake.
@@ -314,7 +314,7 @@ class _StandInWorker(WorkerCalls):
         if self.weight_transfer_engine is not None:
             self.weight_transfer_engine.shutdown()
 
-    def start_weight_update(self) -> None:
+    def _begin_weight_update(self) -> None:
         engine = self._transfer_engine()
         if self._weight_update_active:
             raise RuntimeError(

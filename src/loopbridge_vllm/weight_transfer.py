@@ -40,8 +40,9 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from loopbridge_vllm._vllm_releases.changed_signatures import transfer_engine_target
+
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
     from vllm.config.weight_transfer import WeightTransferConfig
 
 __all__ = [
@@ -110,14 +111,10 @@ class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpda
     update_info_cls = InlineUpdateInfo
     supports_draft_weight_update = False
 
-    def __init__(
-        self,
-        config: WeightTransferConfig,
-        vllm_config: VllmConfig,
-        device: torch.device,
-        model: torch.nn.Module,
-    ) -> None:
-        super().__init__(config, vllm_config, device, model)
+    def __init__(self, config: WeightTransferConfig, *args: Any) -> None:
+        # (vllm_config, device, model) from vLLM 0.29; (parallel_config, model) in 0.24.
+        super().__init__(config, *args)
+        self.device, self.model = transfer_engine_target(args)
         self.initialized = False
         #: Parameters loaded since the engine started (a count per name).
         self.loaded: dict[str, int] = {}
@@ -163,6 +160,16 @@ class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpda
 
     def shutdown(self) -> None:
         self.initialized = False
+
+    @staticmethod
+    def trainer_send_weights(*args: Any, **kwargs: Any) -> None:
+        """The trainer side is :func:`inline_update`: no transport to send over.
+
+        (0.24 declares it abstract on every backend.)"""
+        raise NotImplementedError(
+            f"the {INLINE_BACKEND} backend has no trainer transport: build the update "
+            "request with loopbridge_vllm.weight_transfer.inline_update() instead"
+        )
 
     def _check_initialized(self, call: str) -> None:
         if not self.initialized:

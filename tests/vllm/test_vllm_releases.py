@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from loopbridge_vllm import ServerStartError, start_openai_server
-from loopbridge_vllm._vllm_releases import SUPPORTED_RELEASES, MissingVllmPiece, import_piece
+from loopbridge_vllm._vllm_releases import (
+    SUPPORTED_RELEASES,
+    MissingVllmPiece,
+    UntestedReleaseWarning,
+    import_piece,
+    untested_release_note,
+)
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
 #: Release-sensitive: runs on every tested vLLM release's lane.
@@ -81,3 +87,65 @@ def test_stand_in_worker_accepts_the_installed_releases_layout_call() -> None:
     params = list(inspect.signature(Executor.set_kv_cache_layout).parameters)[1:]
     worker = object.__new__(_StandInWorker)
     worker.set_kv_cache_layout("LBNHC", *[1] * (len(params) - 1))
+
+
+@pytest.mark.parametrize(
+    ("version", "nearest"),
+    [
+        ("0.31.2", "0.32"),
+        ("0.30.0", "0.29"),
+        ("0.27.1", "0.29"),
+        ("0.26.0", "0.24"),
+        ("0.25.1", "0.24"),
+        ("0.20.0", "0.24"),
+        ("0.35.0", "0.34"),
+        ("1.0.0", "0.34"),
+    ],
+)
+def test_an_untested_release_is_named_with_the_nearest_tested_one(
+    version: str, nearest: str
+) -> None:
+    note = untested_release_note(version)
+    assert note is not None and "\n" not in note
+    assert f"vLLM {version} is not a release loopbridge_vllm is tested on" in note
+    assert f"the nearest tested release is {nearest} " in note
+
+
+@pytest.mark.parametrize("version", ["0.24.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0", "0.34.0rc1"])
+def test_a_tested_release_has_no_note(version: str) -> None:
+    assert untested_release_note(version) is None
+
+
+def test_the_proxy_says_so_on_an_untested_release(engine_proxy: Any) -> None:
+    from unittest import mock
+
+    from loopbridge import unwrap
+    from loopbridge_vllm import engine_client_proxy
+
+    with mock.patch("vllm.__version__", "0.31.0"), pytest.warns(UntestedReleaseWarning) as caught:
+        engine_client_proxy(unwrap(engine_proxy))
+    [warning] = caught
+    assert "nearest tested release is 0.32" in str(warning.message)
+
+
+def test_the_install_check_says_so_on_an_untested_release(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys, runpy, vllm; vllm.__version__ = '0.30.1'; "
+        f"sys.argv = ['check']; runpy.run_path({str(repo / 'scripts' / 'check-vllm-install.py')!r}, "
+        "run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(repo / "scripts")},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("untested: ")]
+    assert "vLLM 0.30.1 is not a release" in line and "nearest tested release is 0.29" in line

@@ -108,8 +108,9 @@ def serve_arg_checks() -> tuple[Callable[..., Any], Callable[..., Any], Callable
     return validate_parsed, validate_api, propagate
 
 
-def _no_fix_up(args: Any) -> None:
-    """Releases without ``propagate_flash_late_interaction`` need none."""
+def _no_fix_up(*args: Any) -> None:
+    """Releases without ``propagate_flash_late_interaction`` need none (it is
+    called as ``propagate(args, engine_args)``)."""
 
 
 def uvicorn_log_config() -> Callable[..., Any]:
