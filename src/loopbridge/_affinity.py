@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._codegen import build
+from ._codegen import build, inline_prologue
 from ._compat import get_running_loop, mark_coroutine_function, thread_id_of
 from ._errors import LoopAffinityError
 from ._labels import loop_and_thread
@@ -84,6 +84,11 @@ def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]
     in the ``__loopbridge_ownership__`` slot (they have no ``__dict__``).
     """
     coro = inspect.iscoroutinefunction(fn)
+    guarded = _inlined(fn, slotted) if coro else None
+    if guarded is not None:
+        functools.update_wrapper(guarded, fn)
+        setattr(guarded, _ORIGINAL, fn)
+        return guarded
     template = _GUARD_CORO if coro else _GUARD
     if slotted:
         template = template.replace(_FROM_DICT, _FROM_SLOT)
@@ -102,6 +107,27 @@ def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]
     if coro and not inspect.iscoroutinefunction(guarded):
         mark_coroutine_function(guarded)  # plain forwarding of a decorated coroutine function
     return guarded
+
+
+def _inlined(fn: Callable[..., Any], slotted: bool) -> Callable[..., Any] | None:
+    """``fn`` with the check compiled in front of its body (no wrapper, no extra
+    frame); ``None`` where that can't be done exactly (see ``inline_prologue``)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not code.co_argcount:
+        return None
+    text = _PROLOGUE.format(self=code.co_varnames[0])
+    if slotted:
+        text = text.replace(
+            _FROM_DICT.format(self=code.co_varnames[0]), _FROM_SLOT.format(self=code.co_varnames[0])
+        )
+    env = {
+        "_loopbridge_fn": fn,
+        "_loopbridge_check": _check,
+        "_loopbridge_ident": _get_ident,
+        "_loopbridge_grl": get_running_loop,
+        "_loopbridge_key": _ATTR,
+    }
+    return inline_prologue(fn, text.replace("__lb_", "_loopbridge_"), env)
 
 
 def _check(self: Any, fn: Callable[..., Any], first_step: bool = False) -> None:
@@ -142,7 +168,16 @@ def make({make_params}):
     return guarded
 """
 )
-# A coroutine function's: the same test, at the coroutine's first step.
+# Compiled into a coroutine function's own body (see _inlined): the same test.
+_PROLOGUE = (
+    "if (__lb_ownership := "
+    + _FROM_DICT
+    + ") is not None and not (\n    (__lb_owner := __lb_ownership.owner) and "
+    + ON_OWNER.format(owner="__lb_owner")
+    + "\n):\n    __lb_check({self}, __lb_fn, True)\n"
+)
+# A coroutine function's wrapper, where it can't be compiled in: the same test,
+# at the coroutine's first step.
 _GUARD_CORO = (
     """
 def make({make_params}):

@@ -13,6 +13,7 @@ of a wrapper to keep in step.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import types
 from collections.abc import Callable
@@ -156,6 +157,132 @@ def compile_function(src: str, label: str, name: str) -> Callable[..., Any]:
     exec(compile(src, f"<loopbridge {label}>", "exec"), ns)
     fn: Callable[..., Any] = ns[name]
     return fn
+
+
+# ------------------------------------------------------------ inlined prologues
+# A wrapper costs a frame per call, and a coroutine wrapper a second coroutine
+# object and frame too: more than a check it would add.  So a check that must
+# run at a coroutine's first step is compiled *into* the coroutine function
+# itself, from the function's own source: the same body, with one statement in
+# front, in a function object with the same globals, defaults and closure.
+#
+# It is only done when it provably gives the same function: the source is
+# found, and the unmodified source, compiled the same way, gives exactly the
+# function's own bytecode, names and variables (so a file edited since import,
+# a decorator's wrapper, or anything else unusual falls back to a wrapper).
+_FUTURE_FLAGS = 0
+for _feature in __import__("__future__").all_feature_names:
+    _FUTURE_FLAGS |= getattr(__import__("__future__"), _feature).compiler_flag
+
+
+def inline_prologue(
+    fn: Callable[..., Any], prologue: str, env: dict[str, Any]
+) -> Callable[..., Any] | None:
+    """``fn`` (an ``async def``) with ``prologue`` (statements, using the names in
+    ``env``) run at the start of its body; ``None`` where that can't be done exactly."""
+    code = getattr(fn, "__code__", None)
+    if type(fn) is not types.FunctionType or code is None or hasattr(fn, "__wrapped__"):
+        return None
+    if set(env) & (set(code.co_varnames) | set(code.co_names) | set(code.co_freevars)):
+        return None
+    try:
+        node, klass = _function_node(fn)
+        same = _compiled(fn, node, klass, env)
+        if same is None or not _same_code(same, code):
+            return None  # the source is not what was compiled (edited, generated...)
+        node.body[_body_start(node) : _body_start(node)] = _statements(prologue, node)
+        made = _compiled(fn, node, klass, env)
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return None
+    return None if made is None else _function(fn, made, env)
+
+
+def _function_node(fn: Callable[..., Any]) -> tuple[ast.AsyncFunctionDef, str | None]:
+    lines, start = inspect.getsourcelines(fn)
+    src = "".join(lines)
+    indented = src[:1].isspace()
+    tree = ast.parse("if 1:\n" + src if indented else src)
+    stmt = tree.body[0].body[0] if indented else tree.body[0]  # type: ignore[attr-defined]
+    if not isinstance(stmt, ast.AsyncFunctionDef) or stmt.name != fn.__name__:
+        raise ValueError("not the function's own definition")
+    ast.increment_lineno(stmt, start - (2 if indented else 1))
+    stmt.decorator_list = []
+    parts = fn.__qualname__.split(".")
+    klass = parts[-2] if len(parts) > 1 and parts[-2] != "<locals>" else None
+    return stmt, klass
+
+
+def _body_start(node: ast.AsyncFunctionDef) -> int:
+    first = node.body[0]
+    is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    return 1 if is_doc and isinstance(first.value.value, str) else 0  # type: ignore[attr-defined]
+
+
+def _statements(src: str, at: ast.AST) -> list[ast.stmt]:
+    body = ast.parse(src).body
+    for stmt in body:
+        for sub in ast.walk(stmt):
+            ast.copy_location(sub, at)
+            if hasattr(sub, "end_lineno"):
+                sub.end_lineno = at.lineno  # type: ignore[attr-defined]
+    return body
+
+
+def _compiled(
+    fn: Callable[..., Any], node: ast.AsyncFunctionDef, klass: str | None, env: dict[str, Any]
+) -> types.CodeType | None:
+    """Compile ``node`` where ``fn`` was: inside its class (for name mangling and
+    ``__class__``), inside a function whose parameters are its free variables."""
+    code: types.CodeType = fn.__code__
+    params = [*env, *(v for v in code.co_freevars if v != "__class__")]
+    inner: ast.stmt = node
+    if klass is not None:
+        inner = ast.ClassDef(name=klass, bases=[], keywords=[], body=[node], decorator_list=[])
+        inner.type_params = []  # type: ignore[attr-defined]
+    outer = ast.parse(f"def _loopbridge_outer({', '.join(params)}):\n    pass").body[0]
+    outer.body = [inner]  # type: ignore[attr-defined]
+    module = ast.fix_missing_locations(ast.Module(body=[outer], type_ignores=[]))
+    flags = code.co_flags & _FUTURE_FLAGS
+    top = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
+    return _find_code(top, fn.__name__)
+
+
+def _find_code(code: types.CodeType, name: str) -> types.CodeType | None:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name and const.co_flags & inspect.CO_COROUTINE:
+                return const
+            found = _find_code(const, name)
+            if found is not None:
+                return found
+    return None
+
+
+def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    return (
+        a.co_code == b.co_code
+        and a.co_names == b.co_names
+        and a.co_varnames == b.co_varnames
+        and a.co_freevars == b.co_freevars
+        and a.co_cellvars == b.co_cellvars
+        and a.co_argcount == b.co_argcount
+        and a.co_kwonlyargcount == b.co_kwonlyargcount
+    )
+
+
+def _function(fn: Any, code: types.CodeType, env: dict[str, Any]) -> Callable[..., Any] | None:
+    own = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    cells = []
+    for name in code.co_freevars:
+        if name in env:
+            cells.append(types.CellType(env[name]))
+        elif name in own:
+            cells.append(own[name])
+        else:
+            return None
+    made = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, tuple(cells))
+    made.__kwdefaults__ = fn.__kwdefaults__
+    return made
 
 
 # ------------------------------------------------------------ generated classes

@@ -125,3 +125,58 @@ def test_the_owner_path_still_runs_directly(owner: lb.LoopThread, obj: Any) -> N
         return await obj.m()  # type: ignore[no-any-return]
 
     assert asyncio.run(transferred()).endswith("m") and done.is_set()
+
+
+def _make_outer_class() -> Any:
+    secret = "closure"
+
+    @lb.loop_affine
+    class Rich(Base):
+        async def m(self, a: int = 1, *rest: int, k: str = "k", **kw: Any) -> Any:
+            """Its own doc."""
+            base = await super().m()  # zero-argument super(): the __class__ cell
+            self.__private = a  # name mangling, as in the class itself
+            return base, a, rest, k, kw, secret, self.__private
+
+    return Rich
+
+
+def test_the_check_is_compiled_into_the_coroutine_function(owner: lb.LoopThread) -> None:
+    """No wrapper and no extra frame: the function's own body, with the check in
+    front; defaults, keyword defaults, closures, super() and mangling all hold."""
+    from loopbridge import _affinity
+
+    rich = _make_outer_class()
+    fn = rich.__dict__["m"]
+    assert _affinity.original(fn) is not fn and "_loopbridge_check" in fn.__code__.co_freevars
+    assert fn.__doc__ == "Its own doc." and fn.__qualname__.endswith("Rich.m")
+
+    async def on_owner() -> Any:
+        return await rich().m(2, 3, k="x", z=1)
+
+    assert owner.run(on_owner) == ("m", 2, (3,), "x", {"z": 1}, "closure", 2)
+    obj = owner.run(_factory(rich))
+    with pytest.raises(lb.LoopAffinityError, match=r"m\(\) called from"):
+        asyncio.run(obj.m())
+
+
+def _factory(cls: Any) -> Any:
+    async def make() -> Any:
+        return cls()
+
+    return make
+
+
+def test_without_source_the_check_is_a_wrapper(owner: lb.LoopThread) -> None:
+    ns: dict[str, Any] = {}
+    exec("async def m(self):\n    return 'made by exec'\n", ns)  # no source to read
+    cls = lb.loop_affine(type("Execd", (), {"m": ns["m"]}))
+    assert "_loopbridge_check" not in cls.__dict__["m"].__code__.co_freevars
+    obj = owner.run(_factory(cls))
+    with pytest.raises(lb.LoopAffinityError, match="proxy"):
+        asyncio.run(obj.m())
+
+    async def on_owner() -> str:
+        return await obj.m()  # type: ignore[no-any-return]
+
+    assert owner.run(on_owner) == "made by exec"
