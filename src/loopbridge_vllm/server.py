@@ -270,6 +270,13 @@ class OpenAIServer(ThreadedServer):
         weight_version_tags: bool = False,
     ) -> None:
         self.client = client
+        if weight_version_tags and not hasattr(type(client), "get_weight_version"):
+            # vLLM 0.24 has no weight versions: tags would fail on every request.
+            raise ServerStartError(
+                "weight_version_tags=True needs the engine's get_weight_version(), which "
+                f"{type(client).__name__} of this vLLM release does not have (vLLM 0.29 and "
+                "later have it); start the server without weight_version_tags"
+            )
         self._weight_version_tags = weight_version_tags
         self._routers = tuple(routers)
         self._middleware = tuple(middleware)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,3 +106,56 @@ def test_the_standin_worker_sleeps_like_a_real_one() -> None:
     assert worker.standin_get_token_base() == 10  # level 2 discarded them
     with pytest.raises(ValueError, match="sleep level"):
         worker.sleep(level=3)
+
+
+def _step(new: list[Any], scheduled: dict[str, int]) -> Any:
+    return types.SimpleNamespace(
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        finished_req_ids=set(),
+        scheduled_new_reqs=new,
+        scheduled_cached_reqs=types.SimpleNamespace(req_ids=[], num_computed_tokens=[]),
+        num_scheduled_tokens=scheduled,
+    )
+
+
+def test_a_recomputed_request_carries_on_where_it_was() -> None:
+    """From 0.34 a preempted request comes back as a new one whose
+    ``prefill_token_ids`` is its prompt and what it generated: the stand-in
+    emits the next token, never token 0 again."""
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData
+
+    from loopbridge_vllm._standin import _StandInWorker
+
+    # The installed release resumes a request one of the two ways handled here.
+    fields = {f.name for f in dataclasses.fields(NewRequestData)}
+    cached = {f.name for f in dataclasses.fields(CachedRequestData)}
+    assert "prefill_token_ids" in fields or "resumed_req_ids" in cached
+    worker = _StandInWorker(types.SimpleNamespace())  # type: ignore[arg-type]
+    prompt = [1, 2, 3]
+    fresh = types.SimpleNamespace(
+        req_id="r", prompt_token_ids=prompt, prefill_token_ids=prompt, num_computed_tokens=0
+    )
+    worker.execute_model(_step([fresh], {"r": 3}))
+    first = worker.sample_tokens(None).sampled_token_ids
+    assert first == [[worker.model.token(0)]]
+    generated = [worker.model.token(i) for i in range(3)]
+    again = types.SimpleNamespace(
+        req_id="r",
+        prompt_token_ids=prompt,
+        prefill_token_ids=prompt + generated,
+        num_computed_tokens=0,
+    )
+    worker.execute_model(_step([again], {"r": 6}))  # recomputes prompt + 3 tokens
+    assert worker.sample_tokens(None).sampled_token_ids == [[worker.model.token(3)]]
+
+
+def test_the_model_runner_output_has_the_installed_releases_fields() -> None:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    from loopbridge_vllm._vllm_releases.changed_fields import model_runner_output
+
+    out = model_runner_output(["a", "b"], [[5], []])
+    assert isinstance(out, ModelRunnerOutput)
+    assert out.req_ids == ["a", "b"] and out.sampled_token_ids == [[5], []]
+    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+        assert out.req_id_to_index == {"a": 0, "b": 1}

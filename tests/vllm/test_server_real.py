@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from vllm_engines import unfinished_requests
 from vllm_load import run_load
 
 from loopbridge import LoopAffinityError, LoopThread
@@ -120,10 +121,10 @@ async def _await(aw: Any) -> Any:
 
 async def _drained(llm: Any) -> int:
     for _ in range(200):
-        if llm.get_num_unfinished_requests() == 0:
+        if unfinished_requests(llm) == 0:
             break
         await asyncio.sleep(0.05)
-    return int(llm.get_num_unfinished_requests())
+    return unfinished_requests(llm)
 
 
 def test_start_refuses_an_engine_without_owner_loop() -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from vllm_engines import unfinished_requests
 from vllm_load import run_load
 
 from loopbridge import LoopAffinityError, LoopThread, blocking
@@ -57,12 +58,12 @@ def test_update_from_trainer_thread_under_http_load(
     def trainer() -> None:
         try:
             deadline = time.monotonic() + 20
-            while engine_proxy.get_num_unfinished_requests() < 8:
+            while unfinished_requests(engine_proxy) < 8:
                 if time.monotonic() > deadline:
                     raise TimeoutError("load never reached the engine")
                 time.sleep(0.002)
             engine.pause_generation(mode="keep")
-            in_flight.append(engine_proxy.get_num_unfinished_requests())
+            in_flight.append(unfinished_requests(engine_proxy))
             trainer_log.append(f"paused={engine.is_paused()}")
             old = engine.collective_rpc("standin_set_token_base", args=(40,))
             trainer_log.append(f"old={old}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loopbridge import LoopThread
+from loopbridge import LoopThread, unwrap
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
@@ -27,12 +28,46 @@ RAY_START_GUARD_S = 500
 RAY_CALL_GUARD_S = 300
 
 
+def _async_llm() -> Any:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM
+
+
+def has_member(name: str) -> bool:
+    """Whether the installed release's ``AsyncLLM`` has ``name``: 0.29 lacks
+    ``shutdown_weight_transfer_engine``, 0.24 also the weight versions,
+    ``check_admission`` and ``get_num_unfinished_requests``."""
+    return hasattr(_async_llm(), name)
+
+
+def wake_up_says_awake() -> bool:
+    """``wake_up()`` returns whether the engine is awake from 0.32; None before."""
+    return "bool" in str(inspect.signature(_async_llm().wake_up).return_annotation)
+
+
+def finish_weight_update(engine: Any, version: str) -> None:
+    """``finish_weight_update`` with the version where the release takes one (0.29+)."""
+    if "weight_version" in inspect.signature(_async_llm().finish_weight_update).parameters:
+        engine.finish_weight_update(weight_version=version)
+    else:
+        engine.finish_weight_update()
+
+
+def unfinished_requests(engine: Any) -> int:
+    """``get_num_unfinished_requests()`` (0.29+; through a proxy too), else the
+    output processor's own count (0.24): a len() of its dict either way."""
+    if has_member("get_num_unfinished_requests"):
+        return int(engine.get_num_unfinished_requests())
+    return int(unwrap(engine).output_processor.get_num_unfinished_requests())
+
+
 async def settled_counts(llm: Any) -> tuple[int, int]:
     """(front-end unfinished, EngineCore-side active) requests, polled on the
     owner loop until both reach zero or a deadline passes."""
     deadline = time.monotonic() + 20
     while True:
-        front = llm.get_num_unfinished_requests()
+        front = unfinished_requests(llm)
         core = (await llm.collective_rpc("standin_active_requests"))[0]
         if (front == 0 and core == 0) or time.monotonic() > deadline:
             return front, core
