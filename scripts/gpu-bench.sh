@@ -80,6 +80,9 @@ else PY=python3
 fi
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# One line, not a traceback, when the chosen Python has no vLLM (a fresh clone).
+"$PY" -c 'import torch, vllm' >/dev/null 2>&1 ||
+    die "$PY cannot import torch and vllm: run 'bash scripts/gpu-bench.sh --setup' once (it creates .venv-gpu), or set PYTHON to a Python that has vLLM"
 
 # The workload of a GPU run (bench args given after -- override these): both endpoints,
 # and an open-loop sweep at half and 90% of stock's measured capacity.

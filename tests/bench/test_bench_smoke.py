@@ -334,6 +334,26 @@ GPU_BENCH = REPO / "scripts" / "gpu-bench.sh"
 H100 = "NVIDIA H100 80GB HBM3:81559:80000"
 
 
+def test_gpu_bench_without_vllm_says_what_to_run(tmp_path: Path) -> None:
+    """A fresh clone has no .venv-gpu: one line naming --setup, not a traceback."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    proc = subprocess.run(
+        ["bash", str(GPU_BENCH), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHON=str(bare / "bin" / "python")),
+    )
+    assert proc.returncode == 2
+    first, *rest = proc.stderr.splitlines()
+    assert "cannot import torch and vllm" in first and "--setup" in first, proc.stderr
+    assert "Traceback" not in proc.stderr and rest == [
+        "run 'bash scripts/gpu-bench.sh --help' for usage"
+    ]
+
+
 @pytest.mark.vllm
 def test_gpu_bench_dry_run(tmp_path: Path) -> None:
     """The GPU script's arguments, model resolution, device placement, start-up order and
