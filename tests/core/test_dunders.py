@@ -267,7 +267,9 @@ OPERATORS: dict[str, Any] = {
     "__aenter__": _plain("__aenter__"),
     "__aexit__": _plain("__aexit__"),
     "__anext__": lambda p: asyncio.run(anext(p)),
-    # Called by name only: there is no operator for these.
+    "__buffer__": memoryview,  # 3.12+
+    # Called by name only: there is no operator for these (some only on some Pythons).
+    **{n: _plain(n) for n in ("__release_buffer__", "__replace__", "__setformat__")},
     **{n: _plain(n) for n in ("__alloc__", "__getformat__", "__getnewargs__", "__getstate__")},
     **{n: _plain(n) for n in ("__setstate__", "__prepare__", "__subclasses__")},
 }
