@@ -1,8 +1,9 @@
 """Cost of the always-on ownership check on a ``@loop_affine`` async member.
 
 Awaits the same trivial method, on the loop that owns the object, on two
-instances: one of a ``@loop_affine`` class (every call goes through the check)
-and one of an identical undecorated class.  The batches alternate (and swap
+instances: one of a ``@loop_affine`` class (every call goes through the check,
+which runs at the coroutine's first step, compiled into the method itself) and
+one of an identical undecorated class.  The batches alternate (and swap
 order each repetition) so drift in machine load hits both alike; the cost is
 the median over repetitions of the per-call difference.
 

@@ -259,6 +259,8 @@ def _find_code(code: types.CodeType, name: str) -> types.CodeType | None:
 
 
 def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """The same bytecode, names and variables, nested functions' included (positions,
+    which dedenting or a moved line change, are not compared)."""
     return (
         a.co_code == b.co_code
         and a.co_names == b.co_names
@@ -267,7 +269,15 @@ def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
         and a.co_cellvars == b.co_cellvars
         and a.co_argcount == b.co_argcount
         and a.co_kwonlyargcount == b.co_kwonlyargcount
+        and len(a.co_consts) == len(b.co_consts)
+        and all(_same_const(x, y) for x, y in zip(a.co_consts, b.co_consts))
     )
+
+
+def _same_const(x: Any, y: Any) -> bool:
+    if isinstance(x, types.CodeType) and isinstance(y, types.CodeType):
+        return _same_code(x, y)
+    return type(x) is type(y) and (x is y or x == y)
 
 
 def _function(fn: Any, code: types.CodeType, env: dict[str, Any]) -> Callable[..., Any] | None:
