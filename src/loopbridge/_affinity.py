@@ -72,19 +72,21 @@ def _owner_thread(loop: Any) -> int | None:
 def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]:
     """Wrap an async member so direct use off its owner loop is caught.
 
-    A coroutine function's wrapper is itself a coroutine function whose first
-    step runs the check: the check runs where the coroutine runs, whoever made
-    it (``asyncio.run(obj.m())`` from a plain thread, a coroutine made on the
-    owner and sent to another loop with ``run_coroutine_threadsafe``, direct use
-    under trio).  An async generator function's wrapper checks where the
-    generator is made.  Each wrapper has the member's exact signature where it
-    can be mirrored (``*args, **kwargs`` forwarding costs more than the check
+    The check runs at the first step, where the coroutine (or async generator)
+    runs, whoever made it (``asyncio.run(obj.m())`` from a plain thread, a
+    coroutine made on the owner and sent to another loop with
+    ``run_coroutine_threadsafe``, direct use under trio): it is compiled into
+    the member's own body (:func:`_inlined`).  Where that can't be done, a
+    coroutine function gets a wrapper coroutine function that checks at its
+    first step, and an async generator function a wrapper that checks where
+    the generator is made.  Each wrapper has the member's exact signature where
+    it can be mirrored (``*args, **kwargs`` forwarding costs more than the check
     itself) and inlines :data:`ON_OWNER`; only off the owner's loop does it call
     the slow half, :func:`_check`.  ``slotted``: the instances keep their record
     in the ``__loopbridge_ownership__`` slot (they have no ``__dict__``).
     """
     coro = inspect.iscoroutinefunction(fn)
-    guarded = _inlined(fn, slotted) if coro else None
+    guarded = _inlined(fn, slotted)
     if guarded is not None:
         functools.update_wrapper(guarded, fn)
         setattr(guarded, _ORIGINAL, fn)

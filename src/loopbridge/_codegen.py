@@ -178,8 +178,9 @@ for _feature in __import__("__future__").all_feature_names:
 def inline_prologue(
     fn: Callable[..., Any], prologue: str, env: dict[str, Any]
 ) -> Callable[..., Any] | None:
-    """``fn`` (an ``async def``) with ``prologue`` (statements, using the names in
-    ``env``) run at the start of its body; ``None`` where that can't be done exactly."""
+    """``fn`` (an ``async def``: a coroutine or async generator function) with
+    ``prologue`` (statements, using the names in ``env``) run at the start of its
+    body, at the first step; ``None`` where that can't be done exactly."""
     code = getattr(fn, "__code__", None)
     if type(fn) is not types.FunctionType or code is None or hasattr(fn, "__wrapped__"):
         return None
@@ -247,10 +248,13 @@ def _compiled(
     return _find_code(top, fn.__name__)
 
 
+_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
 def _find_code(code: types.CodeType, name: str) -> types.CodeType | None:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            if const.co_name == name and const.co_flags & inspect.CO_COROUTINE:
+            if const.co_name == name and const.co_flags & _ASYNC_FLAGS:
                 return const
             found = _find_code(const, name)
             if found is not None:

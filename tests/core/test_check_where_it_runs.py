@@ -180,3 +180,43 @@ def test_without_source_the_check_is_a_wrapper(owner: lb.LoopThread) -> None:
         return await obj.m()  # type: ignore[no-any-return]
 
     assert owner.run(on_owner) == "made by exec"
+
+
+@lb.loop_affine
+class Feed:
+    def __init__(self) -> None:
+        self.stepped = 0
+
+    async def items(self) -> Any:
+        self.stepped += 1
+        yield 1
+
+
+async def _first(agen: Any) -> Any:
+    async for item in agen:
+        return item
+    return None
+
+
+def test_an_async_generator_is_checked_at_its_first_step(owner: lb.LoopThread) -> None:
+    """Made on a plain thread (or on the owner), iterated on a foreign loop or under
+    trio: refused at the first step, before its body runs."""
+    feed = owner.run(_factory(Feed))
+    with pytest.raises(lb.LoopAffinityError, match=r"items\(\) called from"):
+        asyncio.run(_first(feed.items()))
+
+    async def under_trio() -> None:
+        await _first(feed.items())
+
+    with pytest.raises(lb.LoopAffinityError, match="no asyncio loop"):
+        trio.run(under_trio)
+
+    async def made_on_owner() -> Any:
+        return feed.items()
+
+    agen = owner.run(made_on_owner)
+    with pytest.raises(lb.LoopAffinityError, match="called from"):
+        asyncio.run(_first(agen))
+    assert feed.stepped == 0
+    assert asyncio.run_coroutine_threadsafe(_first(feed.items()), owner.loop).result(30) == 1
+    assert feed.stepped == 1
