@@ -11,7 +11,7 @@ examples on every run::
 from __future__ import annotations
 
 import gc
-import importlib.util
+import importlib.metadata
 import os
 import threading
 from collections.abc import Iterator
@@ -35,11 +35,11 @@ ENGINE_SUITES = {
     "vllm": ("vllm", "dp", "bench", "sanitizer/test_vllm_pattern.py"),
     "sglang": ("sglang",),
 }
+# Installed distributions, not find_spec: with tests/ on sys.path, tests/vllm and
+# tests/sglang would pass for the engines themselves.
+_installed = importlib.metadata.packages_distributions()
 collect_ignore = [
-    path
-    for engine, paths in ENGINE_SUITES.items()
-    if importlib.util.find_spec(engine) is None
-    for path in paths
+    path for engine, paths in ENGINE_SUITES.items() if engine not in _installed for path in paths
 ]
 
 
