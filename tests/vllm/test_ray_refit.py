@@ -59,10 +59,11 @@ def tokens(base: int, start: int, n: int) -> list[int]:
 
 
 def vllm_refuses_during_pause(mode: str) -> bool:
-    """Whether stock vLLM refuses new requests during a ``mode`` pause."""
-    import vllm
+    """Whether stock vLLM refuses new requests during a ``mode`` pause: from 0.33
+    its engine core has ``_reject_add_while_paused``; 0.32 and earlier queue them."""
+    from vllm.v1.engine.core import EngineCoreProc
 
-    return mode != "keep" and not vllm.__version__.startswith("0.32.")
+    return mode != "keep" and hasattr(EngineCoreProc, "_reject_add_while_paused")
 
 
 @dataclass

@@ -60,13 +60,14 @@ def tagged(engine_proxy: Any) -> Iterator[OpenAIServer]:
 def test_a_refit_straddling_requests_marks_them_mixed(
     engine: Any, engine_proxy: Any, tagged: OpenAIServer, tiny_model: Path
 ) -> None:
-    import vllm
     from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
     from loopbridge_vllm.cpu_engine import standin_weights
     from loopbridge_vllm.weight_transfer import inline_update
 
-    native_spans = not vllm.__version__.startswith("0.32.")  # return_weight_versions
+    # vLLM's own per-token spans (request field return_weight_versions), from 0.33.
+    native_spans = "return_weight_versions" in CompletionRequest.model_fields
     extra = {"return_token_ids": True, "ignore_eos": True}
     if native_spans:
         extra["return_weight_versions"] = True
