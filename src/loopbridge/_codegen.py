@@ -242,10 +242,35 @@ def _compiled(
         inner.type_params = []  # type: ignore[attr-defined]
     outer = ast.parse(f"def _loopbridge_outer({', '.join(params)}):\n    pass").body[0]
     outer.body = [inner]  # type: ignore[attr-defined]
-    module = ast.fix_missing_locations(ast.Module(body=[outer], type_ignores=[]))
+    # Since 3.12 the compiler calls ``name.attr()`` differently when ``name`` is
+    # bound by an import in the module: bind the likely ones the same way (never
+    # run; only compiled), and let the comparison judge.
+    imports: list[ast.stmt] = [
+        ast.Import(names=[ast.alias(name="sys", asname=name)]) for name in _imported_names(fn)
+    ]
+    module = ast.fix_missing_locations(ast.Module(body=[*imports, outer], type_ignores=[]))
     flags = code.co_flags & _FUTURE_FLAGS
     top = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
     return _find_code(top, fn.__name__)
+
+
+def _imported_names(fn: Any) -> list[str]:
+    """Globals ``fn`` uses that its module most likely bound by an import."""
+    out: list[str] = []
+    stack = [fn.__code__]
+    names: set[str] = set()
+    while stack:
+        code = stack.pop()
+        names.update(code.co_names)
+        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    for name in sorted(names):
+        value = fn.__globals__.get(name)
+        if isinstance(value, types.ModuleType) or (
+            isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType))
+            and getattr(value, "__module__", fn.__module__) != fn.__module__
+        ):
+            out.append(name)
+    return out
 
 
 _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
