@@ -150,6 +150,10 @@ def test_the_check_is_compiled_into_the_coroutine_function(owner: lb.LoopThread)
     fn = rich.__dict__["m"]
     assert _affinity.original(fn) is not fn and "_loopbridge_check" in fn.__code__.co_freevars
     assert fn.__doc__ == "Its own doc." and fn.__qualname__.endswith("Rich.m")
+    # Module-level classes too, whose methods call through an imported module
+    # (compiled differently for an import-bound name since 3.12).
+    for member in (Base.__dict__["m"], Feed.__dict__["items"]):
+        assert "_loopbridge_check" in member.__code__.co_freevars
 
     async def on_owner() -> Any:
         return await rich().m(2, 3, k="x", z=1)
