@@ -352,9 +352,11 @@ def _checked(value: Any, what: str, opts: Options) -> Any:
     if found is None or _Policy.mode == "off":
         return value
     member = what.rsplit(".", 1)[-1].removesuffix("()")
+    awaitable = hasattr(type(value), "__await__")
     msg = (
         f"{what} returned a {type(value).__qualname__} object that holds loop-bound state "
-        f"({found}), and no returns rule covers it, so it cannot be used off its owner loop. "
+        f"({found}), and no returns rule covers it, so it cannot be used off its owner loop"
+        f"{' (awaiting it can: it is awaited there)' if awaitable else ''}. "
         f"Declare returns={{{member!r}: loopbridge.Owned(...)}} (in adopt(...) or "
         "@loop_affine(...)) to get it back as a proxy, or use it on its owner loop "
         "(loopbridge.unwrap gives the object)."
@@ -362,10 +364,10 @@ def _checked(value: Any, what: str, opts: Options) -> Any:
     if _Policy.mode == "warn":
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         return value
-    return _tripwire(value, msg)
+    return _tripwire(value, msg, opts)
 
 
-def _tripwire(value: Any, msg: str) -> Any:
+def _tripwire(value: Any, msg: str, opts: Options) -> Any:
     cls = type(value)
     made = _tripwire_classes.get(cls)
     if made is None:
@@ -374,6 +376,7 @@ def _tripwire(value: Any, msg: str) -> Any:
     t: Any = maker(tcls)
     object.__setattr__(t, "_lb_target", value)
     object.__setattr__(t, "_lb_refusal", msg)
+    object.__setattr__(t, "_lb_opts", opts)  # awaiting it: on the owner (see _tripwire_class)
     return t
 
 
@@ -426,14 +429,22 @@ def _tripped_repr(self: Any) -> str:
 
 
 _tripwire_classes: dict[type, tuple[type, Maker]] = {}
-_TRIPWIRE_SLOTS = ("_lb_target", "_lb_refusal")
+_TRIPWIRE_SLOTS = ("_lb_target", "_lb_refusal", "_lb_opts")
 
 
 def _tripwire_class(cls: type) -> tuple[type, Maker]:
+    """Every member refuses, except awaiting an awaitable (a Future, a Task, a
+    coroutine): that is marshalled, as awaiting it on its owner is always right,
+    and what it gives is checked in turn."""
     empty = Ownership(None, frozenset(), frozenset(), cls.__qualname__)
     ns: dict[str, Any] = {"__slots__": _TRIPWIRE_SLOTS, "__loopbridge_proxy__": True}
-    for name in classify(cls, empty):
-        ns[name] = _tripped_special(name) if is_special(name) else _Tripped(name)
+    for name, (kind, raw) in classify(cls, empty).items():
+        if kind is MemberKind.AWAIT:
+            ns[name] = _await_member(cls, raw, None)
+        else:
+            ns[name] = _tripped_special(name) if is_special(name) else _Tripped(name)
+    if hasattr(cls, "_asyncio_future_blocking"):
+        ns["_asyncio_future_blocking"] = None  # no future of the caller's loop (see above)
     ns["__getattribute__"] = object.__getattribute__
     ns["__getattr__"] = _tripped_getattr
     ns["__setattr__"] = ns["__delattr__"] = _tripped_setattr

@@ -42,7 +42,9 @@ class Socket:
         return _where()  # a coroutine, made on the owner, not started
 
     async def bare_future(self) -> asyncio.Future[int]:  # no rule covers it
-        return asyncio.get_running_loop().create_future()
+        fut = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(fut.set_result, 5)
+        return fut
 
     async def bare_coroutine(self) -> Any:  # no rule covers it
         return _where()
@@ -96,21 +98,33 @@ def test_a_future_from_a_plain_thread(owner: lb.LoopThread, sock: Socket) -> Non
     assert lb.blocking(b.later()).result() is owner.loop
 
 
-def test_uncovered_futures_and_coroutines_are_refused_on_first_use(sock: Socket) -> None:
+async def _uncovered(p: Socket, owner_loop: asyncio.AbstractEventLoop) -> None:
+    fut = await p.bare_future()
+    with pytest.raises(lb.LoopAffinityError, match=r"bare_future.*returns=\{'bare_future'"):
+        fut.result()  # any use but awaiting: refused, naming the rule
+    with pytest.raises(lb.LoopAffinityError, match="bare_future"):
+        fut.add_done_callback(print)
+    assert await fut == 5  # awaiting it: on its owner
+    coro = await p.bare_coroutine()
+    with pytest.raises(lb.LoopAffinityError, match=r"returns=\{'bare_coroutine'"):
+        coro.send(None)
+    assert await coro is owner_loop  # awaited: run on the owner
+
+
+def test_uncovered_awaitables_are_awaited_on_the_owner_and_refused_otherwise(
+    owner: lb.LoopThread, sock: Socket
+) -> None:
     p = lb.proxy(sock)
+    asyncio.run(_uncovered(p, owner.loop))
+    uvloop.run(_uncovered(p, owner.loop))
+    anyio.run(_uncovered, p, owner.loop, backend="trio")
+    fut = lb.blocking(p).bare_future()
+    assert lb.blocking(fut).result() == 5
 
-    async def main() -> None:
-        fut = await p.bare_future()
-        with pytest.raises(lb.LoopAffinityError, match=r"bare_future.*returns=\{'bare_future'"):
-            await fut
-        with pytest.raises(lb.LoopAffinityError, match="bare_future"):
-            fut.result()
-        coro = await p.bare_coroutine()
-        with pytest.raises(lb.LoopAffinityError, match=r"returns=\{'bare_coroutine'"):
-            await coro
-        lb.unwrap(coro).close()  # never run: no "never awaited" warning
+    async def gathered() -> list[int]:
+        return await asyncio.gather(await p.bare_future())
 
-    asyncio.run(main())
+    assert asyncio.run(gathered()) == [5]
 
 
 def test_adopted_futures_and_c_typed_objects_get_a_proxy(owner: lb.LoopThread) -> None:
