@@ -144,6 +144,44 @@ def test_collector_reports_real_calls_streams_and_lag(asyncio_owner: lb.LoopThre
     assert not [k for k in scrape(registry) if dict(k[1]).get("loop") == "prom-owner"]
 
 
+@lb.loop_affine
+class ReadsAhead:
+    async def three(self) -> AsyncIterator[int]:  # a generator member: batched, reads ahead
+        for i in range(3):
+            yield i
+
+
+OBJ_AHEAD = "ReadsAhead object"
+
+
+def test_collector_exports_items_read_ahead_and_never_delivered(
+    asyncio_owner: lb.LoopThread,
+) -> None:
+    registry = CollectorRegistry()
+    registry.register(LoopbridgeCollector())
+
+    async def make() -> ReadsAhead:
+        return ReadsAhead()
+
+    p = lb.proxy(asyncio_owner.run(make), stream_window=8)
+    snap = lb.metrics.metrics_of(p).snapshot
+
+    async def main() -> int:
+        it = p.three().__aiter__()
+        first = await it.__anext__()
+        # The owner's generator ran to its end: items 1 and 2 wait in the buffer.
+        await apoll_until(lambda: snap()["streams_completed"] == 1, "the generator ended")
+        await it.aclose()  # the consumer leaves: both are lost to it
+        return first
+
+    assert value(scrape(registry), "loopbridge_stream_items_unread_total", object=OBJ_AHEAD) == 0
+    assert asyncio.run(main()) == 0
+    assert snap()["stream_items_unread"] == 2
+    s = scrape(registry)
+    assert value(s, "loopbridge_stream_items_unread_total", object=OBJ_AHEAD) == 2
+    assert value(s, "loopbridge_stream_items_total", object=OBJ_AHEAD) == 1
+
+
 def test_registration_is_described_and_checked() -> None:
     registry = CollectorRegistry()
     registry.register(LoopbridgeCollector(namespace="lbtest"))
@@ -154,3 +192,4 @@ def test_registration_is_described_and_checked() -> None:
     text = generate_latest(registry).decode()
     assert "# TYPE lbtest_calls_total counter" in text
     assert "# TYPE lbtest_admission_seconds histogram" in text
+    assert "# TYPE lbtest_stream_items_unread_total counter" in text

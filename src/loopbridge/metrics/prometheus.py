@@ -98,6 +98,11 @@ class LoopbridgeCollector:
         wakeups = CounterMetricFamily(
             f"{ns}_stream_wakeups", "Consumer wake-ups that delivered items.", labels=["object"]
         )
+        unread = CounterMetricFamily(
+            f"{ns}_stream_items_unread",
+            "Stream items read ahead from the source and never delivered (the consumer left).",
+            labels=["object"],
+        )
         hists = {
             "admission": HistogramMetricFamily(
                 f"{ns}_admission_seconds",
@@ -133,6 +138,7 @@ class LoopbridgeCollector:
             streams_open.add_metric([name], t.streams_open)
             items.add_metric([name], s["items"])
             wakeups.add_metric([name], s["wakeups"])
+            unread.add_metric([name], s["unread"])
             for key, hist in (
                 ("admission", t.admission),
                 ("run", t.run),
@@ -141,7 +147,7 @@ class LoopbridgeCollector:
             ):
                 hists[key].add_metric([name], _buckets(hist), hist.total)
         yield from (calls, ended, caller_cancels, in_flight, streams, streams_ended, streams_open)
-        yield from (items, wakeups, *hists.values())
+        yield from (items, wakeups, unread, *hists.values())
 
         lag = HistogramMetricFamily(
             f"{ns}_loop_lag_seconds",
