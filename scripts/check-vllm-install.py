@@ -29,6 +29,8 @@ def main() -> int:
     os.environ.setdefault("LOOPBRIDGE_CPU_PLATFORM", "1")  # see loopbridge_vllm._cpu_platform
     os.environ.pop("VLLM_TARGET_DEVICE", None)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    # 0.29 and 0.24 log INFO lines on import; the check prints only what is missing.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     problems = import_problems("loopbridge_vllm", OPTIONAL)
     sys.path.insert(0, str(ADAPTER.parent))
     from loopbridge_vllm._vllm_releases import (

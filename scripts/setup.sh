@@ -83,11 +83,21 @@ pip_quiet() {
     fi
 }
 
+# Editable installs of this tree build its metadata in the tree: one at a time, so
+# that venvs can be set up concurrently (.ci/run builds older releases' in advance).
+editable() { # pip arguments
+    mkdir -p .cache
+    (
+        flock 9
+        pip_quiet "$@"
+    ) 9>.cache/setup-editable.lock
+}
+
 stamp=$venv/.loopbridge-deps
 want=$(cat "$engine_list" "$torch_list" pyproject.toml scripts/setup.sh | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VPY" ]; then
     : >"$log"
-    pip_quiet install -q --no-deps -e .
+    editable install -q --no-deps -e .
     step "$venv is up to date ($engine_name $engine_pin)"
     exit 0
 fi
@@ -113,7 +123,7 @@ pip_quiet install -q -r "$torch_list"
 step "[3/5] installing $engine_name $engine_pin and the packages it needs on CPU"
 pip_quiet install -q --no-deps -r "$engine_list"
 step "[4/5] installing loopbridge (editable) with its test tools"
-pip_quiet install -q -e ".[$extras]" "${groups[@]}"
+editable install -q -e ".[$extras]" "${groups[@]}"
 step "[5/5] checking the $engine_name install: importing what the adapter imports"
 if ! "$VPY" "scripts/check-$engine-install.py" 2>>"$log"; then
     echo "setup: the $engine_name $engine_pin install in $venv is incomplete (see above; log: $log)" >&2
