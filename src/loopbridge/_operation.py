@@ -60,6 +60,7 @@ __all__ = [
     "annotate",
     "chain",
     "check_block",
+    "check_queued",
     "check_submission",
 ]
 
@@ -434,6 +435,10 @@ def owner_cancelled(op: Operation, exc: asyncio.CancelledError) -> None:
 #   awaits, on any loop) submits a call to B: B's loop cannot run it until X
 #   ends.
 #
+# A blocking stream's ``next()`` is such a wait too, each time it has to wait
+# (not when it is served from items already delivered): the stream is recorded
+# as what the thread is blocked on, and its work carries it in its context.
+#
 # Both are refused at once with :class:`~loopbridge.LoopAffinityError` naming the
 # loops in the cycle, instead of hanging.  Each loop's port records the call its
 # thread is blocked on (``Port.blocked``); each blocking call carries, in the
@@ -463,6 +468,24 @@ def check_block(call: Any, owner: Port, here: Port) -> None:
             return
         port = waited.owner
         path.append(port)
+
+
+def check_queued(stream: Any, here: Port) -> None:
+    """Before ``here``'s loop thread blocks on ``stream`` (a blocking stream's
+    later wait): refuse it if the stream's work already submitted a call to
+    ``here`` that is still in flight, which ``here``'s loop cannot run while its
+    thread waits.  (A stream's work runs between waits too, so its calls to
+    ``here`` can be in before the wait begins; those made during the wait are
+    refused by :func:`check_submission`.)"""
+    for op in tuple(here.inflight):  # a copy: other threads add and remove
+        if not isinstance(op, Operation) or op.outcome is not PENDING:
+            continue
+        if any(c is stream for c in op.ctx.get(chain, ())):
+            owner = stream.owner
+            raise _cycle(
+                f"{stream.description}, waiting for {op.description} that its work made",
+                [here, owner, here] if owner is not None else [here, here],
+            )
 
 
 def check_submission(op: Any, port: Port) -> None:

@@ -161,7 +161,7 @@ class Port:
         self._wakes = itertools.count()  # exact from any thread
         # How callers on this loop wait (see _wakers); made on first use.
         self.waker: Any = None
-        # The call this loop's thread is blocked on in a blocking() call, if any
+        # The call (or stream) this loop's thread is blocked on in a blocking() wait, if any
         # (see _operation.check_block): None, except while a blocking call holds its thread.
         self.blocked: Any = None
 

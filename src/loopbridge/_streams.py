@@ -31,13 +31,13 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
 from . import _interleave
-from ._calls import cancel_message
+from ._calls import _blocked_port, cancel_message
 from ._construction import NoPublicConstructor
 from ._errors import LoopAffinityError
-from ._operation import Operation
+from ._operation import Operation, chain, check_block, check_queued
 from ._outcome import CANCELLED, ERROR, OK, PENDING, REQUESTED
 from ._ownership import on_owner_thread
-from ._ports import get_running_loop
+from ._ports import Port, get_running_loop
 from ._wakers import LoopWaker, ThreadWaker, TrioWaker, loop_waker, thread_waker
 
 __all__ = ["RemoteStream", "BlockingStream", "Channel"]
@@ -442,13 +442,16 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
     def __iter__(self) -> Iterator[Y]:
         return self
 
-    def _begin(self) -> ThreadWaker:
+    def _begin(self, here: Port | None) -> ThreadWaker:
         ch = self._ch
         if on_owner_thread(ch.opts.ownership):
             raise LoopAffinityError(
                 f"blocking iteration of {ch.description} on the owner loop's own thread would "
                 "deadlock: use `async for` on loopbridge.proxy(obj) instead"
             )
+        if here is not None:  # before anything runs on the owner
+            self._refuse_cycle(ch, ch.opts.ownership.port(), here)
+            ch.ctx.run(chain.set, (*chain.get(), ch))  # its work is part of the waits
         waker = self._waker = thread_waker()
         ch.waker = waker
         ch.submit()
@@ -456,17 +459,47 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
 
     def __next__(self) -> Y:
         ch = self._ch
+        if not ch.buf:  # else served from delivered items: no wait, no check
+            self._wait(ch)
+        return ch.take()  # type: ignore[no-any-return]
+
+    def _wait(self, ch: Channel) -> None:
+        """The buffer is empty: wait for an item (or raise the stream's end).
+
+        On an event loop's thread the wait blocks that loop too, so it is checked
+        like a blocking call (see ``check_block`` in :mod:`loopbridge._operation`):
+        while it lasts, the loop's port records the stream as what its thread is
+        blocked on, and the stream's work carries the stream in its context.
+        """
+        here = _blocked_port()
+        if here is None:  # a plain thread: blocking it blocks no loop
+            self._until_item(ch, None)
+            return
+        held, here.blocked = here.blocked, ch  # its wakes are sent at once from now on
+        here.flush_deferred()
+        try:
+            self._until_item(ch, here)
+        finally:
+            here.blocked = held
+
+    def _until_item(self, ch: Channel, here: Port | None) -> None:
         waker = self._waker
         if waker is None:
             if ch.outcome is not PENDING:
                 raise StopIteration
-            waker = self._begin()
+            waker = self._begin(here)
+            fresh = True  # the first wait: nothing of its work ran yet
+        else:
+            fresh = False
         while not ch.buf:
             try:
                 ch.before_park()
             except StopAsyncIteration:
                 raise StopIteration from None
             waker.arm(ch)
+            if here is not None and not fresh:
+                self._refuse_cycle(ch, ch.owner, here)
+            fresh = False
             if ch.park_begins():
                 try:
                     waker.park(ch, ch.owner, self._timeout)  # type: ignore[arg-type]
@@ -474,7 +507,21 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
                     ch.parked = False
                     self.close()
                     raise
-        return ch.take()  # type: ignore[no-any-return]
+
+    def _refuse_cycle(self, ch: Channel, owner: Port | None, here: Port) -> None:
+        """Refuse a wait that closes a cycle of blocked owner threads, and close the
+        stream without waiting for its owner side (that wait could not end either:
+        the owner side finishes once this loop runs again)."""
+        try:
+            if owner is not None:
+                check_block(ch, owner, here)
+            if self._waker is not None:
+                check_queued(ch, here)
+        except LoopAffinityError:
+            ch.count_taken()
+            if not ch.close_needed(self._waker is not None) or not ch.caller_gives_up(None):
+                ch.count_unread()  # else the owner side counts them when it stops
+            raise
 
     def close(self) -> None:
         """Close the owner-side generator on the owner loop; wait (bounded) for cleanup."""

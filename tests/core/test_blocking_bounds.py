@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 import loopbridge as lb
+from loopbridge import _streams
 
-from .conftest import Engine, until_set
+from .conftest import Engine, tasks_on, until_set
 
 
 def test_a_blocking_call_gives_up_after_its_timeout(owner: lb.LoopThread, engine: Engine) -> None:
@@ -118,3 +121,159 @@ def test_two_loops_blocking_on_each_other_are_refused_at_once() -> None:
     finally:
         a.stop()
         b.stop()
+
+
+# ---------------------------------------------------- blocking streams' waits
+# A blocking stream's next() on loop B's thread blocks B too: its waits (the first
+# item, and each later one that has to wait) are checked like calls.
+
+
+@lb.loop_affine
+class Source:
+    """On loop A: generators whose items need the peer's loop (B)."""
+
+    def __init__(self) -> None:
+        self.peer: Any = None
+        self.closed = threading.Event()  # a generator's finally has run, on A
+        self.taken = threading.Event()  # the consumer has the first item
+        self.submitted = threading.Event()  # the call to the peer is in flight
+
+    async def first_needs_peer(self) -> AsyncIterator[str]:
+        try:
+            yield await self.peer.answer()
+        finally:
+            self.closed.set()
+
+    async def later_needs_peer(self) -> AsyncIterator[str]:
+        try:
+            yield "first"
+            await until_set(self.taken)  # the consumer's first wait is over
+            asked = asyncio.ensure_future(self.peer.answer())
+            await asyncio.sleep(0)  # the task's first step submits the call to B
+            self.submitted.set()
+            yield await asked
+        finally:
+            self.closed.set()
+
+
+def _source_pair() -> tuple[lb.LoopThread, lb.LoopThread, Source, Node]:
+    a, b = lb.LoopThread(name="loop-A").start(), lb.LoopThread(name="loop-B").start()
+
+    async def make_source() -> Source:
+        return Source()
+
+    async def make_node() -> Node:
+        return Node()
+
+    src, nb = a.run(make_source), b.run(make_node)
+    src.peer = lb.proxy(nb)
+    return a, b, src, nb
+
+
+def _names_both_loops(exc: BaseException, a: lb.LoopThread, b: lb.LoopThread) -> None:
+    text = str(exc)
+    assert "cycle (" in text
+    assert f"loop 0x{id(a.loop):x}" in text and f"loop 0x{id(b.loop):x}" in text, text
+
+
+def test_a_blocking_streams_first_item_that_needs_the_blocked_loop_is_refused() -> None:
+    """B's thread waits for A's first item, which awaits B's answer(): refused at once,
+    not after the face's timeout (on 3e67832 and before this check: TimeoutError)."""
+    a, b, src, nb = _source_pair()
+    try:
+
+        async def on_b() -> Any:
+            items = lb.blocking(lb.proxy(src), timeout=20).first_needs_peer()
+            t0 = time.perf_counter()
+            try:
+                next(items)
+            except lb.LoopAffinityError as exc:
+                return exc, time.perf_counter() - t0
+            raise AssertionError("not refused")
+
+        exc, elapsed = b.run(on_b)
+        _names_both_loops(exc, a, b)
+        assert elapsed < 10, elapsed  # at once: nowhere near the 20 s timeout
+        assert b.run(_answer_of(nb)) == "answer"  # B is free again
+
+        async def closed_on_a() -> None:
+            await until_set(src.closed)
+
+        b.run(closed_on_a)  # the generator ended on its owner
+        assert not tasks_on(a.loop) and not tasks_on(b.loop)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_blocking_streams_later_wait_whose_item_needs_the_blocked_loop_is_refused() -> None:
+    """After the first item, A's generator asks B (the call is in flight, queued on B)
+    and B's thread waits for the second item: refused at once, and the stream is
+    closed on its owner once B runs again."""
+    a, b, src, nb = _source_pair()
+    try:
+
+        async def on_b() -> Any:
+            items = lb.blocking(lb.proxy(src), timeout=20).later_needs_peer()
+            assert next(items) == "first"
+            src.taken.set()
+            assert src.submitted.wait(30)  # B's thread is not blocked: the call got in
+            t0 = time.perf_counter()
+            try:
+                next(items)
+            except lb.LoopAffinityError as exc:
+                return exc, time.perf_counter() - t0
+            raise AssertionError("not refused")
+
+        exc, elapsed = b.run(on_b)
+        _names_both_loops(exc, a, b)
+        assert "later_needs_peer(), waiting for Node.answer()" in str(exc)  # found at the wait
+        assert elapsed < 10, elapsed
+
+        async def closed_on_a() -> None:
+            await until_set(src.closed)
+
+        b.run(closed_on_a)  # cancelled on its owner once B could run the call
+        assert b.run(_answer_of(nb)) == "answer"
+        assert not tasks_on(a.loop) and not tasks_on(b.loop)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_blocking_stream_on_another_loops_thread_still_streams(
+    owner: lb.LoopThread, engine: Engine
+) -> None:
+    """No cycle: a blocking stream consumed on another loop's thread (asyncio and
+    uvloop owners) waits and streams as before; its later waits are checked, and a
+    next() served from delivered items is not."""
+    checks: list[str] = []
+    real = _streams.check_block
+
+    def counting(op: Any, owner_port: Any, here: Any) -> None:
+        checks.append(op.description)
+        real(op, owner_port, here)
+
+    other = lb.LoopThread(name="loop-B").start()
+    try:
+
+        async def on_b() -> tuple[list[int], int]:
+            items = lb.blocking(lb.proxy(engine), timeout=30).count(3)
+            got = [next(items)]  # waits: checked
+            assert len(checks) == 1
+            await until_set(engine.count_finished)  # the other two are delivered
+            got += [next(items), next(items)]  # served from the buffer: not checked
+            served = len(checks)
+            got += list(items)  # the end (a wait, if it is not recorded yet)
+            slow = lb.blocking(lb.proxy(engine), timeout=30).count(3, 0.001)
+            return got + list(slow), served
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_streams, "check_block", counting)
+            got, served = other.run(on_b)
+        assert got == [0, 1, 2, 0, 1, 2]
+        assert served == 1
+        assert "Engine.count()" in checks[0]
+        assert not tasks_on(owner.loop)
+    finally:
+        other.stop()
