@@ -5,7 +5,13 @@ piece that differs between releases from here, where one submodule per kind of
 difference says what changed and in which release:
 
 - :mod:`.moved_imports`: names whose module changed;
-- :mod:`.changed_signatures`: calls vLLM makes with different arguments.
+- :mod:`.changed_signatures`: calls vLLM makes with different arguments;
+- :mod:`.changed_fields`: data whose fields or constants differ (found by the
+  fields the installed classes have).
+
+Which release a lane tests, and what each lacks, is README's release table;
+:data:`SUPPORTED_RELEASES` is its list, and :func:`untested_release_note` the
+one line for a release outside it.
 
 Invariants: a piece is looked up by trying its known homes, newest release
 first, never by comparing version strings, so a future release that keeps a
