@@ -38,11 +38,14 @@ for v in 3.10 3.11 3.12 3.13; do
     if [ ! -x "$venv/bin/python" ]; then
         "$py" -m venv "$venv"
     fi
-    # Dependency groups need pip >= 25.1. pip's output goes to the log.
+    # Dependency groups need pip >= 25.1. pip's output goes to the log. The editable
+    # install builds metadata in the tree: one at a time with scripts/setup.sh's (.ci/run
+    # runs this beside the engine lanes).
+    mkdir -p .cache
     {
         "$venv/bin/python" -m pip install -q --upgrade "pip>=25.1" &&
-            "$venv/bin/python" -m pip install -q -e ".[trio,uvloop,prometheus]" \
-                --group test --group recipes
+            flock .cache/setup-editable.lock "$venv/bin/python" -m pip install -q \
+                -e ".[trio,uvloop,prometheus]" --group test --group recipes
     } >"$log" 2>&1 || {
         tail -n 30 "$log"
         echo "== Python $v: installing loopbridge failed (log: $log)" >&2
