@@ -130,4 +130,9 @@ if ! "$VPY" "scripts/check-$engine-install.py" 2>>"$log"; then
     exit 1
 fi
 echo "$want" >"$stamp"
+# The venvs of other releases hold many of the same files (torch, CUDA libraries):
+# one copy on disk for each (scripts/share-venv-files.py says how it stays safe).
+shopt -s nullglob
+"$VPY" scripts/share-venv-files.py "$venv" .venv .venv-vllm-* .venv-sglang ||
+    echo "setup: sharing files with the other venvs failed; $venv is complete without it" >&2
 step "ready: $venv ($engine_name $("$VPY" -c "import importlib.metadata as m; print(m.version('$engine'))"))"
