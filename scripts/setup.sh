@@ -93,8 +93,20 @@ editable() { # pip arguments
     ) 9>.cache/setup-editable.lock
 }
 
+# RL frameworks whose real classes the tests drive on this release (a list per
+# framework, requirements/<framework>-<engine>-<release>.txt): installed with --no-deps,
+# because their own dependency lists pin CUDA-only packages.
+frameworks=$(ls requirements/*-"$engine-$release".txt 2>/dev/null || true)
+install_frameworks() {
+    local list
+    for list in $frameworks; do
+        step "      and $list (an RL framework whose classes the tests drive)"
+        pip_quiet install -q --no-deps -r "$list"
+    done
+}
+
 stamp=$venv/.loopbridge-deps
-want=$(cat "$engine_list" "$torch_list" pyproject.toml scripts/setup.sh | sha1sum | cut -d' ' -f1)
+want=$(cat "$engine_list" "$torch_list" $frameworks pyproject.toml scripts/setup.sh | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VPY" ]; then
     : >"$log"
     editable install -q --no-deps -e .
@@ -122,6 +134,7 @@ pip_quiet install -q -r "$torch_list"
 # several GB that do not import on CPU (and pull in CUDA kernels and torchaudio).
 step "[3/5] installing $engine_name $engine_pin and the packages it needs on CPU"
 pip_quiet install -q --no-deps -r "$engine_list"
+install_frameworks
 step "[4/5] installing loopbridge (editable) with its test tools"
 editable install -q -e ".[$extras]" "${groups[@]}"
 step "[5/5] checking the $engine_name install: importing what the adapter imports"
