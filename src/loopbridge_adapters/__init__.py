@@ -4,13 +4,16 @@
   installed engine and classified by rules, failing closed on a member no rule covers.
 * :mod:`loopbridge_adapters.http` - the threaded servers' socket, loop and uvicorn pieces.
 * :mod:`loopbridge_adapters.threaded` - the threaded servers' lifecycle: ordered start,
-  bounded stop, the owner-loop watchdog; each adapter adds only its engine's part.
-* :mod:`loopbridge_adapters.owner` - naming the loop that will own an engine before it
-  starts.
+  bounded stop, the owner-loop watchdog, ``ServerStartError``; each adapter adds only
+  its engine's part.
+* :mod:`loopbridge_adapters.owner` - declaring an engine's owner loop and member table
+  (an adapter's ``adopt_*`` and ``bind_owner_loop``).
 * :mod:`loopbridge_adapters.bench` - the latency benchmarks' engine-free half: the load
   generator, the statistics and the console.
-* :mod:`loopbridge_adapters.serve_cli` - an adapter's ``serve`` command: the table of the
-  engine's server options (honoured or refused, failing closed), signals, bind failures.
+* :mod:`loopbridge_adapters.serve_cli` - an adapter's ``serve`` command line: the table of
+  the engine's server options (honoured or refused, failing closed), usage errors.
+* :mod:`loopbridge_adapters.serve_lifecycle` - an adapter's ``serve`` command from start
+  to exit status: plan, bind, signals, owner loop, build, serve, stop, in one order.
 
 Built on the core's public API only; imports no engine and no adapter. Each adapter
 (``loopbridge_vllm``, ``loopbridge_sglang``) imports it; they never import each other.

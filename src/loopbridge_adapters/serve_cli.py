@@ -1,4 +1,4 @@
-"""What an adapter's ``serve`` command shares, whichever engine: the option table, signals.
+"""What an adapter's ``serve`` command shares, whichever engine: the option table, usage.
 
 An adapter's ``python -m loopbridge_<engine> serve`` takes the installed engine's own
 server options (from the engine's own parser, never from a list kept by loopbridge)
@@ -14,9 +14,8 @@ and classifies each one with an :class:`OptionTable`:
 An option no rule covers is *unclassified*: refused when given, and each adapter's
 tests fail on it (fail-closed, as the proxies' member tables are).
 
-:class:`StopSignals` and :func:`serve_until_stopped` are the main thread's part of a
-``serve`` command: SIGINT and SIGTERM only set an event; the command stops the server,
-then the engine, then the owner loop, in that order.
+The command's lifecycle (signals, owner loop, build, serve, stop) is
+:mod:`loopbridge_adapters.serve_lifecycle`'s.
 
 :func:`add_listen_options`, :func:`listen_conflicts` and :func:`listen_on` are the
 ``--host``/``--port`` a ``serve`` command takes before ``--``: the engine's own parser
@@ -35,17 +34,13 @@ import argparse
 import dataclasses
 import errno
 import importlib
-import signal
 import sys
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import FrameType, TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = [
     "OptionTable",
     "Refusal",
-    "StopSignals",
     "UsageError",
     "add_listen_options",
     "add_loop_options",
@@ -56,7 +51,6 @@ __all__ = [
     "option_name",
     "report_usage_error",
     "run_subcommand",
-    "serve_until_stopped",
 ]
 
 
@@ -241,63 +235,6 @@ def bind_failure(host: str, port: int, uds: str | None, exc: OSError) -> str:
             "listens on it, or choose another port with --port (0 picks a free one)"
         )
     return f"error: cannot listen on {where}: {exc.strerror or exc}; check --host and --port"
-
-
-class StopSignals:
-    """Once installed (or entered): the given signals (default SIGINT, SIGTERM) set
-    :attr:`stop`.
-
-    Signals are the main thread's business: neither an owner loop nor a server thread
-    installs handlers. The previous handlers come back on exit.
-    """
-
-    def __init__(self, *signals: signal.Signals) -> None:
-        self.stop = threading.Event()
-        self.received: signal.Signals | None = None
-        self._signals = signals or (signal.SIGINT, signal.SIGTERM)
-        self._previous: dict[signal.Signals, Any] = {}
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signal.Signals(signum)
-        self.stop.set()
-
-    def install(self) -> StopSignals:
-        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in self._signals}
-        return self
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def __enter__(self) -> StopSignals:
-        return self.install()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.restore()
-
-
-class _Serving(Protocol):
-    @property
-    def thread(self) -> threading.Thread: ...
-
-    @property
-    def exit_reason(self) -> Any: ...
-
-
-def serve_until_stopped(stop: threading.Event, server: _Serving, poll: float = 0.2) -> int:
-    """Wait until ``stop`` is set (status 0) or the server stops by itself (status 1)."""
-    while not stop.wait(poll):
-        if not server.thread.is_alive():
-            reason = server.exit_reason.value if server.exit_reason else "unknown"
-            print(f"server stopped by itself ({reason})", flush=True)
-            return 1
-    return 0
 
 
 def run_subcommand(

@@ -13,7 +13,7 @@ Invariants:
 * **Ordered start.** :meth:`~ThreadedServer.start` returns only once uvicorn accepts
   connections, and ``_build`` serves nothing before the engine's owner loop answered
   a round trip. A start that fails or times out stops the thread (bounded) and
-  raises the adapter's start error; :meth:`~ThreadedServer.start` on the owner loop
+  raises :class:`ServerStartError`; :meth:`~ThreadedServer.start` on the owner loop
   is refused (:class:`~loopbridge.LoopAffinityError` pointing to ``astart()``): it
   would wait for the loop it blocks.
 * **Bounded, ordered stop.** :meth:`~ThreadedServer.stop` stops accepting, lets
@@ -56,13 +56,17 @@ from loopbridge import LoopAffinityError, LoopThread
 
 from .http import ExitReason, adopt_listener, bind, loop_factory, thread_server_class
 
-__all__ = ["OWNER_STOPPED_TICKS", "ThreadedServer"]
+__all__ = ["OWNER_STOPPED_TICKS", "ServerStartError", "ThreadedServer"]
 
 # The owner loop must be seen stopped on this many watchdog checks in a row: a loop
 # driven by repeated run_until_complete() calls is briefly not running.
 OWNER_STOPPED_TICKS = 2
 
 _S = TypeVar("_S", bound="ThreadedServer")
+
+
+class ServerStartError(RuntimeError):
+    """The server failed before it accepted connections (each adapter exports it)."""
 
 
 class ThreadedServer(abc.ABC):
@@ -74,7 +78,7 @@ class ThreadedServer(abc.ABC):
     """
 
     #: What start-up failures raise.
-    _start_error: ClassVar[type[Exception]] = RuntimeError
+    _start_error: ClassVar[type[Exception]] = ServerStartError
     #: The adapter's logger and what its log lines call the server.
     _logger: ClassVar[logging.Logger] = logging.getLogger(__name__)
     _kind: ClassVar[str] = "server"

@@ -25,24 +25,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import gc
 import signal
+import socket
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
+from loopbridge import LoopThread
 from loopbridge_adapters.serve_cli import (
-    StopSignals,
     UsageError,
     add_listen_options,
     add_loop_options,
-    bind_failure,
     listen_conflicts,
     listen_on,
-    report_usage_error,
     run_subcommand,
-    serve_until_stopped,
 )
+from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
 
 # Subcommands implemented in other modules: name -> module with main(argv).
 _DELEGATED = {"bench": "loopbridge_sglang.bench"}
@@ -86,6 +84,7 @@ class _Plan:
     server_args: Any  # SGLang's ServerArgs, from its own prepare_server_args
     host: str
     port: int
+    uds: str | None = None  # SGLang's server listens on TCP only
 
 
 def _plan(opts: argparse.Namespace, sglang_argv: list[str]) -> _Plan:
@@ -131,91 +130,74 @@ def _resolve(server_args: Any, host: str, port: int) -> None:
         server_args.check_server_args()
 
 
+class _Serve(ServeCommand[_Plan]):
+    owner_name = "loopbridge-sglang-owner"
+    # SGLang's subprocess watchdog reports a dead scheduler or detokenizer so.
+    failure_signals: ClassVar[Mapping[signal.Signals, str]] = {
+        signal.SIGQUIT: "an SGLang subprocess died (SIGQUIT from its watchdog)",
+    }
+
+    def parser(self) -> argparse.ArgumentParser:
+        return _serve_parser()
+
+    def prepare(self, opts: argparse.Namespace, engine_argv: list[str]) -> list[str] | int:
+        if opts.list_options:
+            from loopbridge_sglang._serve_options import TABLE, server_parser
+
+            print("\n".join(TABLE.listing(server_parser())))
+            return 0
+        if opts.cpu_standin:
+            return ["--skip-tokenizer-init", "--device", "cpu", *engine_argv]
+        return engine_argv
+
+    def plan(self, opts: argparse.Namespace, engine_argv: list[str]) -> _Plan:
+        return _plan(opts, engine_argv)
+
+    def bound(self, opts: argparse.Namespace, plan: _Plan, sock: socket.socket) -> None:
+        _resolve(plan.server_args, plan.host, int(sock.getsockname()[1]))
+
+    async def build(self, opts: argparse.Namespace, plan: _Plan) -> Any:
+        from loopbridge_sglang._launch import launch
+
+        return await launch(plan.server_args, opts.cpu_standin)
+
+    def start(
+        self,
+        opts: argparse.Namespace,
+        plan: _Plan,
+        engine: Any,
+        owner: LoopThread,
+        sock: socket.socket,
+    ) -> Serving:
+        from sglang.srt.utils.common import set_uvicorn_logging_configs
+
+        from loopbridge_sglang import start_sglang_server, tokenizer_manager_proxy
+
+        server_args = plan.server_args
+        set_uvicorn_logging_configs(server_args)  # as launch_server: formats, filters
+        return start_sglang_server(
+            tokenizer_manager_proxy(engine.manager, loop=owner.loop),
+            sock=sock,
+            grace=opts.grace,
+            log_level=server_args.log_level_http or server_args.log_level,
+            use_uvloop=opts.server_uvloop,
+            template_manager=engine.template_manager,
+            scheduler_info=engine.scheduler_info,
+            root_path=server_args.fastapi_root_path or "",
+            access_log=True,  # uvicorn's default, as stock: on at log level info
+            api_key=server_args.api_key,
+            admin_api_key=server_args.admin_api_key,
+        )
+
+    def stop_server(self, server: Any) -> None:
+        server.stop()
+
+    def stop_engine(self, engine: Any, owner: LoopThread) -> None:
+        engine.shutdown(owner)
+
+
 def serve(argv: Sequence[str]) -> int:
-    argv = list(argv)
-    sglang_argv: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, sglang_argv = argv[:cut], argv[cut + 1 :]
-    opts = _serve_parser().parse_args(argv)
-    if opts.list_options:
-        from loopbridge_sglang._serve_options import TABLE, server_parser
-
-        print("\n".join(TABLE.listing(server_parser())))
-        return 0
-    if opts.cpu_standin:
-        sglang_argv = ["--skip-tokenizer-init", "--device", "cpu", *sglang_argv]
-    try:
-        plan = _plan(opts, sglang_argv)
-    except UsageError as exc:
-        return report_usage_error(exc)
-
-    from loopbridge_adapters.http import bind
-
-    # Bind before the engine starts: a busy port is known in milliseconds, not after
-    # the model is loaded.
-    try:
-        sock = bind(plan.host, plan.port)
-    except OSError as exc:
-        print(bind_failure(plan.host, plan.port, None, exc), file=sys.stderr, flush=True)
-        return 1
-    server_args = plan.server_args
-    try:
-        _resolve(server_args, plan.host, int(sock.getsockname()[1]))
-    except UsageError as exc:
-        sock.close()
-        return report_usage_error(exc)
-
-    from sglang.srt.utils.common import set_uvicorn_logging_configs
-
-    from loopbridge import LoopThread
-    from loopbridge_sglang import start_sglang_server, tokenizer_manager_proxy
-    from loopbridge_sglang._launch import launch
-
-    # SIGQUIT: SGLang's subprocess watchdog reports a dead scheduler or detokenizer.
-    signals = StopSignals(signal.SIGINT, signal.SIGTERM, signal.SIGQUIT).install()
-    owner = LoopThread("loopbridge-sglang-owner", use_uvloop=opts.uvloop).start()
-    engine: Any = None
-    server: Any = None
-    code = 1
-    try:
-        engine = owner.run(launch, server_args, opts.cpu_standin)
-        if signals.stop.is_set():  # asked to stop while the engine started
-            code = 0
-        else:
-            set_uvicorn_logging_configs(server_args)  # as launch_server: formats, filters
-            server = start_sglang_server(
-                tokenizer_manager_proxy(engine.manager, loop=owner.loop),
-                sock=sock,
-                grace=opts.grace,
-                log_level=server_args.log_level_http or server_args.log_level,
-                use_uvloop=opts.server_uvloop,
-                template_manager=engine.template_manager,
-                scheduler_info=engine.scheduler_info,
-                root_path=server_args.fastapi_root_path or "",
-                access_log=True,  # uvicorn's default, as stock: on at log level info
-                api_key=server_args.api_key,
-                admin_api_key=server_args.admin_api_key,
-            )
-            print(f"serving on {server.url}", flush=True)
-            code = serve_until_stopped(signals.stop, server)
-        if signals.received is signal.SIGQUIT:
-            print("an SGLang subprocess died (SIGQUIT from its watchdog)", flush=True)
-            code = 1
-    finally:
-        if server is not None:
-            server.stop()
-            print("server stopped", flush=True)
-        else:
-            sock.close()
-        if engine is not None:
-            engine.shutdown(owner)
-            print("engine stopped", flush=True)
-        engine = server = None
-        gc.collect()
-        owner.stop()
-        signals.restore()
-    return code
+    return _Serve().run(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

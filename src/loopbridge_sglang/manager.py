@@ -41,12 +41,11 @@ import asyncio
 import functools
 import inspect
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from loopbridge import LoopAffinityError, adopt, is_proxy, owner_loop, proxy, transfer
-from loopbridge_adapters.owner import bind_before_start
+from loopbridge import LoopAffinityError, is_proxy, owner_loop, proxy
+from loopbridge_adapters.owner import Adoption
 from loopbridge_adapters.surface import (
     Member,
     MemberTable,
@@ -353,9 +352,6 @@ def classify_surface(
 
 
 # -------------------------------------------------------------- owner loop
-_adopted: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
 def _handler_loop(manager: Any) -> asyncio.AbstractEventLoop | None:
     """The loop ``handle_loop`` runs (or ran) on, if SGLang started it."""
     loop = vars(manager).get("event_loop")
@@ -390,6 +386,22 @@ def _threadsafe_abort(manager: Any) -> Callable[..., None]:
     return abort_request
 
 
+def _install_threadsafe_abort(manager: Any) -> None:
+    # Installed before adoption: the proxy's pass-through reads the instance's.
+    manager.abort_request = _threadsafe_abort(manager)
+
+
+_ADOPTION = Adoption(
+    noun="manager",
+    handler="handle_loop",
+    moving="a TokenizerManager cannot change loops once it has started",
+    declarers="adopt_manager()/tokenizer_manager_proxy()",
+    handler_loop=_handler_loop,
+    declarations=lambda manager: _TABLE.declarations(surface(type(manager), manager)),
+    prepare=_install_threadsafe_abort,
+)
+
+
 def adopt_manager(
     manager: TokenizerManager, loop: asyncio.AbstractEventLoop | None = None
 ) -> TokenizerManager:
@@ -399,43 +411,7 @@ def adopt_manager(
     loop; with neither, the manager has no owner until :func:`bind_owner_loop`.
     Calling it again is a no-op (same loop) or an error (another loop).
     """
-    running = _handler_loop(manager)
-    if loop is not None and running is not None and loop is not running:
-        raise LoopAffinityError(
-            "the manager's handle_loop already runs on another loop; a TokenizerManager "
-            "cannot change loops once it has started"
-        )
-    target = loop or running
-    try:
-        current = owner_loop(manager)
-    except LoopAffinityError:
-        declared = False
-        current = None
-    else:
-        declared = True
-    if declared:
-        if manager not in _adopted:
-            raise LoopAffinityError(
-                "the manager was declared loop-affine elsewhere (loopbridge.adopt) without "
-                "this module's member table; let adopt_manager()/tokenizer_manager_proxy() "
-                "declare it instead"
-            )
-        if target is not None and current is not None and target is not current:
-            raise LoopAffinityError("the manager is already declared for another loop")
-        if target is not None and current is None:
-            transfer(manager, target)
-        return manager
-    stable, threadsafe = _TABLE.declarations(surface(type(manager), manager))
-    if target is None:
-        try:
-            target = asyncio.get_running_loop()
-        except RuntimeError:
-            target = None
-    # Installed before adoption: the proxy's pass-through reads the instance's.
-    manager.abort_request = _threadsafe_abort(manager)
-    adopt(manager, loop=target, stable=stable, threadsafe=threadsafe)
-    _adopted.add(manager)
-    return manager
+    return _ADOPTION.adopt(manager, loop)
 
 
 def bind_owner_loop(manager: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -445,16 +421,7 @@ def bind_owner_loop(manager: Any, loop: asyncio.AbstractEventLoop | None = None)
     one); ``handle_loop`` then starts there with the first request sent through a
     proxy, whoever sends it.
     """
-    bind_before_start(
-        manager,
-        loop,
-        handler_loop=_handler_loop,
-        adopt=adopt_manager,
-        started_elsewhere=(
-            "the manager's handle_loop already runs on another loop; a TokenizerManager "
-            "cannot change loops once it has started"
-        ),
-    )
+    _ADOPTION.bind_owner_loop(manager, loop)
 
 
 # ------------------------------------------------------- the caller's request

@@ -37,7 +37,7 @@ from typing import Any
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
 from loopbridge_adapters.http import ExitReason
-from loopbridge_adapters.threaded import ThreadedServer
+from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 
 from .manager import is_tokenizer_manager_proxy, tokenizer_manager_proxy
 
@@ -51,10 +51,6 @@ _serving: SGLangServer | None = None  # the one server SGLang's module-global ap
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
-class ServerStartError(RuntimeError):
-    """The server failed before it accepted connections."""
 
 
 class _Health:
@@ -130,7 +126,6 @@ def _skip_warmup(*args: Any, **kwargs: Any) -> bool:
 class SGLangServer(ThreadedServer):
     """A running server thread; see :func:`start_sglang_server`."""
 
-    _start_error = ServerStartError
     _logger = _log
     _kind = "SGLang server"
     _start_on_owner = (

@@ -17,26 +17,22 @@ entry point: ``python -m loopbridge_vllm.dp``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import gc
-import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from loopbridge import LoopThread
 from loopbridge_adapters.serve_cli import (
-    StopSignals,
     UsageError,
     add_listen_options,
     add_loop_options,
-    bind_failure,
     listen_conflicts,
     listen_on,
-    report_usage_error,
     run_subcommand,
-    serve_until_stopped,
 )
+from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
 from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
 
 # Subcommands implemented in other modules: name -> module with main(argv).
@@ -93,6 +89,10 @@ class _Plan:
     port: int
     grace: float
 
+    @property
+    def uds(self) -> str | None:
+        return self.ns.uds or None
+
 
 def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
     """The ``vllm serve`` namespace and where to listen; :class:`_UsageError` if refused."""
@@ -139,14 +139,15 @@ def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
     return _Plan(ns, host, port, grace)
 
 
-def serve(argv: Sequence[str]) -> int:
-    argv = list(argv)
-    vllm_argv: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, vllm_argv = argv[:cut], argv[cut + 1 :]
-    opts = _serve_parser().parse_args(argv)
-    if opts.cpu_standin:
+class _Serve(ServeCommand[_Plan]):
+    owner_name = "loopbridge-engine-owner"
+
+    def parser(self) -> argparse.ArgumentParser:
+        return _serve_parser()
+
+    def prepare(self, opts: argparse.Namespace, engine_argv: list[str]) -> list[str] | int:
+        if not opts.cpu_standin:
+            return engine_argv
         from loopbridge_vllm._cpu_platform import registration_problem
         from loopbridge_vllm.cpu_engine import STANDIN_BACKEND, cpu_engine_env
 
@@ -155,78 +156,60 @@ def serve(argv: Sequence[str]) -> int:
         if problem is not None:
             print(f"error: --cpu-standin: {problem}", file=sys.stderr, flush=True)
             return 2
-        vllm_argv = [
+        return [
             "--distributed-executor-backend",
             STANDIN_BACKEND,
             "--dtype",
             "float32",
             "--enforce-eager",
-            *vllm_argv,
+            *engine_argv,
         ]
-    try:
-        plan = _plan(opts, vllm_argv)
-    except UsageError as exc:
-        return report_usage_error(exc)
-    ns = plan.ns
-    from vllm.utils.system_utils import set_ulimit
 
-    from loopbridge_vllm.server import _bind, _bind_unix
+    def plan(self, opts: argparse.Namespace, engine_argv: list[str]) -> _Plan:
+        return _plan(opts, engine_argv)
 
-    # Bind before the engine is built: a busy port is known in milliseconds,
-    # not after the engine's start-up.
-    try:
-        sock = _bind_unix(ns.uds) if ns.uds else _bind(plan.host, plan.port)
-    except OSError as exc:
-        print(bind_failure(plan.host, plan.port, ns.uds, exc), file=sys.stderr, flush=True)
-        return 1
-    set_ulimit()  # as vllm serve: many concurrent connections need many descriptors
+    def bound(self, opts: argparse.Namespace, plan: _Plan, sock: socket.socket) -> None:
+        from vllm.utils.system_utils import set_ulimit
 
-    from loopbridge import LoopThread
-    from loopbridge_vllm.server import start_openai_server
+        set_ulimit()  # as vllm serve: many concurrent connections need many descriptors
 
-    # Signals are the main thread's business; neither the owner loop nor the
-    # server thread installs handlers.
-    signals = StopSignals().install()
-    owner = LoopThread("loopbridge-engine-owner", use_uvloop=opts.uvloop).start()
-    engine: Any = None
-    server: Any = None
-    try:
-        engine = owner.run(_build_engine, ns)
-        server = start_openai_server(
+    async def build(self, opts: argparse.Namespace, plan: _Plan) -> Any:
+        return await _build_engine(plan.ns)
+
+    def start(
+        self,
+        opts: argparse.Namespace,
+        plan: _Plan,
+        engine: Any,
+        owner: LoopThread,
+        sock: socket.socket,
+    ) -> Serving:
+        from loopbridge_vllm.server import start_openai_server
+
+        return start_openai_server(
             engine,
             host=plan.host,
             port=plan.port,
-            args=ns,
+            args=plan.ns,
             grace=plan.grace,
-            log_level=ns.uvicorn_log_level,
+            log_level=plan.ns.uvicorn_log_level,
             use_uvloop=opts.server_uvloop,
             metrics=opts.metrics,
             max_body_bytes=opts.max_body_bytes or None,
             sock=sock,
         )
-        print(f"serving on {server.url}", flush=True)
-        code = serve_until_stopped(signals.stop, server)
-    finally:
-        if server is not None:
-            server.stop(shutdown_engine=False)
-            print("server stopped", flush=True)
-        else:
-            sock.close()
-        if engine is not None:
-            from loopbridge_vllm.engine import shutdown_engine
 
-            shutdown_engine(engine)
-            print("engine stopped", flush=True)
-        # Drop the engine while the interpreter is intact: AsyncLLM.__del__ shuts
-        # down again, which fails during interpreter teardown.
-        engine = server = None
-        gc.collect()
-        owner.stop()
-        signals.restore()
-        if ns.uds:
-            with contextlib.suppress(OSError):
-                os.unlink(ns.uds)
-    return code
+    def stop_server(self, server: Any) -> None:
+        server.stop(shutdown_engine=False)
+
+    def stop_engine(self, engine: Any, owner: LoopThread) -> None:
+        from loopbridge_vllm.engine import shutdown_engine
+
+        shutdown_engine(engine)
+
+
+def serve(argv: Sequence[str]) -> int:
+    return _Serve().run(argv)
 
 
 async def _build_engine(ns: argparse.Namespace) -> Any:

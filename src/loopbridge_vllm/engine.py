@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from loopbridge import LoopAffinityError, adopt, is_proxy, owner_loop, proxy, transfer, unwrap
-from loopbridge_adapters.owner import bind_before_start
+from loopbridge import LoopAffinityError, is_proxy, proxy, unwrap
+from loopbridge_adapters.owner import Adoption
 from loopbridge_adapters.surface import (
     Member,
     MemberTable,
@@ -212,16 +211,6 @@ def classify_surface(
     return _TABLE.classify(surface(engine_cls, instance))
 
 
-def _declarations(
-    engine_cls: type, instance: object | None
-) -> tuple[frozenset[str], frozenset[str]]:
-    return _TABLE.declarations(surface(engine_cls, instance))
-
-
-# Engines declared by adopt_engine (with this module's member table).
-_adopted: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
 def _handler_loop(engine: Any) -> asyncio.AbstractEventLoop | None:
     """The loop the engine's background tasks run (or ran) on, if any started.
 
@@ -250,6 +239,16 @@ def _check_config(engine: Any) -> None:
         )
 
 
+_ADOPTION = Adoption(
+    noun="engine",
+    handler="output handler",
+    moving="an AsyncLLM cannot change loops once it has started",
+    declarers="adopt_engine()/engine_client_proxy()",
+    handler_loop=_handler_loop,
+    declarations=lambda engine: _TABLE.declarations(surface(type(engine), engine)),
+)
+
+
 def adopt_engine(engine: AsyncLLM, loop: asyncio.AbstractEventLoop | None = None) -> AsyncLLM:
     """Declare ``engine``'s owner loop and its member table (once per engine).
 
@@ -260,41 +259,7 @@ def adopt_engine(engine: AsyncLLM, loop: asyncio.AbstractEventLoop | None = None
     Calling it again for an engine already declared is a no-op (with the same
     loop) or an error (with another one).
     """
-    running = _handler_loop(engine)
-    if loop is not None and running is not None and loop is not running:
-        raise LoopAffinityError(
-            "the engine's output handler already runs on another loop; an AsyncLLM "
-            "cannot change loops once it has started"
-        )
-    target = loop or running
-    try:
-        current = owner_loop(engine)
-    except LoopAffinityError:
-        current = None
-        declared = False
-    else:
-        declared = True
-    if declared:
-        if engine not in _adopted:
-            raise LoopAffinityError(
-                "the engine was declared loop-affine elsewhere (loopbridge.adopt) without "
-                "this module's member table; let adopt_engine()/engine_client_proxy() "
-                "declare it instead"
-            )
-        if target is not None and current is not None and target is not current:
-            raise LoopAffinityError("the engine is already declared for another loop")
-        if target is not None and current is None:
-            transfer(engine, target)
-        return engine
-    stable, threadsafe = _declarations(type(engine), engine)
-    if target is None:
-        try:
-            target = asyncio.get_running_loop()
-        except RuntimeError:
-            target = None
-    adopt(engine, loop=target, stable=stable, threadsafe=threadsafe)
-    _adopted.add(engine)
-    return engine
+    return _ADOPTION.adopt(engine, loop)
 
 
 def bind_owner_loop(engine: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -305,16 +270,7 @@ def bind_owner_loop(engine: Any, loop: asyncio.AbstractEventLoop | None = None) 
     handler then starts on that loop with the first request, whoever sends it.
     Moving an engine whose output handler already runs elsewhere is refused.
     """
-    bind_before_start(
-        engine,
-        loop,
-        handler_loop=_handler_loop,
-        adopt=adopt_engine,
-        started_elsewhere=(
-            "the engine's output handler already runs on another loop; an AsyncLLM "
-            "cannot change loops once it has started"
-        ),
-    )
+    _ADOPTION.bind_owner_loop(engine, loop)
 
 
 def _warn_if_untested() -> None:
@@ -351,7 +307,7 @@ def engine_client_proxy(
     adopt_engine(engine, loop)
     # Re-derive the table for this instance: attributes added since adoption
     # (vLLM sets some lazily) must be classified too.
-    _declarations(type(engine), engine)
+    _TABLE.declarations(surface(type(engine), engine))
     return proxy(engine, stream_window=stream_window, cancel_grace=cancel_grace)
 
 

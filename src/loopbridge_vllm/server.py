@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
 from loopbridge_adapters.http import ExitReason, bind, bind_unix, loop_factory
-from loopbridge_adapters.threaded import ThreadedServer
+from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
 from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
@@ -62,10 +62,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("loopbridge_vllm.server")
-
-
-class ServerStartError(RuntimeError):
-    """The server thread failed before it accepted connections."""
 
 
 class _Shutdownable(Protocol):
@@ -241,7 +237,6 @@ _loop_factory = loop_factory
 class OpenAIServer(ThreadedServer):
     """A running server thread; see :func:`start_openai_server`."""
 
-    _start_error = ServerStartError
     _logger = _log
     _kind = "OpenAI server"
     _start_on_owner = (
