@@ -1,8 +1,8 @@
 """The threaded server's lifecycle, engine aside (loopbridge_adapters.threaded).
 
 A tiny ASGI app and an owner loop on a LoopThread stand in for an engine; both real
-servers (vLLM's and SGLang's) run the same lifecycle in their own suites. It lives in
-the vLLM lane because that is where uvicorn is installed; it needs no vLLM.
+servers (vLLM's and SGLang's) run the same lifecycle in their own suites. It needs
+uvicorn, which the recipes group installs in every core lane.
 
 Every wait is on an event the code under test sets, except the start timeout, which
 is the thing under test.
@@ -16,15 +16,14 @@ import threading
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-import httpx
 import pytest
 
 from loopbridge import LoopAffinityError, LoopThread
 from loopbridge_adapters.http import ExitReason, bind
-from loopbridge_adapters.threaded import ThreadedServer
+from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 
-#: Release-sensitive: runs on every tested vLLM release's lane.
-pytestmark = pytest.mark.every_release
+pytest.importorskip("uvicorn", reason="the recipes group is not installed")
+httpx = pytest.importorskip("httpx", reason="the test group is not installed")
 
 BOUND_S = 30.0  # an upper bound only: every wait ends on an event well before it
 
@@ -263,3 +262,15 @@ def test_stop_from_the_server_thread_is_refused(owner: LoopThread) -> None:
         asyncio.run_coroutine_threadsafe(stop_here(), server.loop).result(BOUND_S)
     server.stop()
     assert not server.thread.is_alive()
+
+
+def test_start_failures_raise_the_shared_start_error_by_default(owner: LoopThread) -> None:
+    class Plain(_Server):
+        _start_error = ServerStartError  # what every adapter's server leaves in place
+
+        async def _build(self) -> Any:
+            raise ValueError("no app today")
+
+    with pytest.raises(ServerStartError, match="failed to start: no app today"):
+        Plain(owner, _App()).start()
+    assert ThreadedServer._start_error is ServerStartError

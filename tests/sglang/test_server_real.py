@@ -180,3 +180,12 @@ def test_api_key_is_checked_by_sglangs_own_middleware(sgl: Manager, owner: LoopT
     # Without a key the same app answers everyone again.
     with start_sglang_server(p) as server:
         assert httpx.post(f"{server.url}/generate", json=body, timeout=30).status_code == 200
+
+
+def test_the_start_error_is_the_one_both_adapters_share() -> None:
+    import loopbridge_sglang
+    from loopbridge_adapters.threaded import ServerStartError
+    from loopbridge_sglang import server
+
+    assert loopbridge_sglang.ServerStartError is server.ServerStartError is ServerStartError
+    assert SGLangServer._start_error is ServerStartError

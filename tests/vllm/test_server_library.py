@@ -109,3 +109,12 @@ def test_added_router_and_middleware_are_served_and_reach_the_engine(engine_prox
     finally:
         server.stop()
     assert seen == {"proxy": True, "thread": server.thread.name}
+
+
+def test_the_start_error_is_the_one_both_adapters_share() -> None:
+    import loopbridge_vllm
+    from loopbridge_adapters.threaded import ServerStartError
+    from loopbridge_vllm import server
+
+    assert loopbridge_vllm.ServerStartError is server.ServerStartError is ServerStartError
+    assert server.OpenAIServer._start_error is ServerStartError
