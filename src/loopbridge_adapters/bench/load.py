@@ -37,9 +37,11 @@ __all__ = [
     "Job",
     "LoadProcess",
     "OPENAI_ENDPOINTS",
+    "REQUEST_ID_HEADER",
     "Sample",
     "length_bounds",
     "prompt_tokens",
+    "request_id",
     "request_lengths",
     "arrival_times",
     "run_job",
@@ -61,6 +63,15 @@ ENDPOINTS = {
 }
 #: The endpoints of an OpenAI-compatible server (``vllm serve``'s).
 OPENAI_ENDPOINTS = ("completions", "chat")
+#: The header that carries a request's number in the run to an OpenAI-compatible server.
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def request_id(number: int) -> str:
+    """The ``X-Request-Id`` of the run's request ``number`` (vLLM builds its request id on it)."""
+    return f"lb{number}"
+
+
 #: A request that needs no engine call, per endpoint: it opens the connections.
 _WARM_PATHS = {"completions": "/v1/models", "chat": "/v1/models", "generate": "/model_info"}
 
@@ -99,6 +110,12 @@ class Sample:
     itl: list[float] = field(default_factory=list)
     prompt_hash: str = ""  # of the prompt sent: the uniqueness check reads it
     output_len: int = 0  # tokens asked for
+    # The request's number in the run (sent as ``X-Request-Id: lb<number>`` to an
+    # OpenAI-compatible server, which makes it part of the engine's request id) and
+    # when it was sent, on the host's monotonic clock (``perf_counter``: the same
+    # clock in every process), so the server's own stage times line up with it.
+    number: int = -1
+    sent_at: float = 0.0
 
 
 def length_bounds(median: int, shape: str) -> tuple[int, int]:
@@ -225,22 +242,27 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
     body, digest = _body(job, i)
     _, want = request_lengths(job, i)
     path = ENDPOINTS[job.endpoint]
+    number = job.first_id + i
+    headers = {REQUEST_ID_HEADER: request_id(number)} if job.endpoint in OPENAI_ENDPOINTS else {}
     t0 = time.perf_counter()
     start = t0 - t_job
 
+    def sample(ttft: float, e2e: float, tokens: int, error: str | None, itl: list[float]) -> Sample:
+        return Sample(start, ttft, e2e, tokens, error, itl, digest, want, number, t0)
+
     def failed(error: str) -> Sample:
         t1 = time.perf_counter()
-        return Sample(start, t1 - t0, t1 - t0, 0, error, [], digest, want)
+        return sample(t1 - t0, t1 - t0, 0, error, [])
 
     try:
         if not job.stream:
-            resp = await client.post(path, json=body)
+            resp = await client.post(path, json=body, headers=headers)
             t1 = time.perf_counter()
             if resp.status_code != 200:
                 return failed(f"HTTP {resp.status_code}: {resp.text[:200]}")
             tokens = _response_tokens(job.endpoint, resp.json())
             err = None if tokens == want else f"{tokens} tokens, expected {want}"
-            return Sample(start, t1 - t0, t1 - t0, tokens, err, [], digest, want)
+            return sample(t1 - t0, t1 - t0, tokens, err, [])
         # Scanning raw bytes instead of decoding every event keeps the client
         # cheap: at high concurrency a per-event json.loads made the load
         # generator, not the server, the bottleneck.  Events that arrive in one
@@ -251,7 +273,7 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
         tail = b""
         error = False
         counted = _EVENTS[job.endpoint]
-        async with client.stream("POST", path, json=body) as resp:
+        async with client.stream("POST", path, json=body, headers=headers) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 return failed(f"HTTP {resp.status_code}: {text[:200]}")
@@ -275,7 +297,7 @@ async def _one(client: Any, job: Job, i: int, t_job: float) -> Sample:
         if err is None and tokens != want:
             err = f"{tokens} tokens, expected {want}"
         ttft_s = ttft if ttft is not None else t1 - t0
-        return Sample(start, ttft_s, t1 - t0, tokens, err, itl, digest, want)
+        return sample(ttft_s, t1 - t0, tokens, err, itl)
     except Exception as exc:  # every failure is a sample, never an abort of the run
         return failed(f"{type(exc).__name__}: {exc}"[:300])
 

@@ -55,11 +55,14 @@ def scenario_key(
     busy: bool,
     endpoint: str = "completions",
     rate_fraction: float | None = None,
+    own_loop: bool = False,
 ) -> str:
-    """``stream-c16``, ``nostream-chat-c1-busy``, ``stream-r0.5`` (open loop, half of capacity)."""
+    """``stream-c16``, ``nostream-chat-c1-busy``, ``stream-r0.5`` (open loop, half of capacity),
+    ``stream-c16-busy-own-loop`` (the busy actor on its loop, the engine on its own)."""
     load = f"r{rate_fraction:g}" if rate_fraction is not None else f"c{c}"
     chat = "-chat" if endpoint == "chat" else ""
-    return f"{'stream' if stream else 'nostream'}{chat}-{load}{'-busy' if busy else ''}"
+    tail = ("-busy-own-loop" if own_loop else "-busy") if busy else ""
+    return f"{'stream' if stream else 'nostream'}{chat}-{load}{tail}"
 
 
 def rec_key(rec: dict[str, Any]) -> str:
@@ -69,6 +72,7 @@ def rec_key(rec: dict[str, Any]) -> str:
         rec["busy"],
         rec.get("endpoint", "completions"),
         rec.get("rate_fraction"),
+        rec.get("own_loop", False),
     )
 
 
@@ -115,6 +119,7 @@ def summarize(
         rf = rec.get("rate_fraction")
         key = (
             rec["busy"],
+            rec.get("own_loop", False),
             rec.get("endpoint", "completions") != "completions",
             rf is not None,
             not rec.get("stream", True),
@@ -147,6 +152,7 @@ def summarize(
             "stream": first.get("stream", True),
             "concurrency": first["concurrency"],
             "busy": first["busy"],
+            "own_loop": first.get("own_loop", False),
             "endpoint": first.get("endpoint", "completions"),
             "rate_fraction": first.get("rate_fraction"),
             "offered_rps": first.get("offered_rps"),

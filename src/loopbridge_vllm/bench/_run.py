@@ -27,6 +27,7 @@ from loopbridge_adapters.bench.load import (
     OPENAI_ENDPOINTS,
     Job,
     LoadProcess,
+    Sample,
     length_bounds,
     request_lengths,
 )
@@ -44,9 +45,18 @@ from ._report import (
     terminal_report,
 )
 from ._stack import THREADED_MODES, BusyLoad, EngineSpec, Stack, engine_args, prepare_model
+from ._stages import StageProbe, stage_rows, stages_markdown, stages_of
 from ._stock import StockServer, check_stock_argv, stock_argv
 
 MODES = ("stock", *THREADED_MODES)
+#: ``--busy``: the (busy, own_loop) pairs of its scenarios.
+BUSY_CHOICES = {
+    "off": [(False, False)],
+    "on": [(True, False)],
+    "own-loop": [(True, True)],
+    "both": [(False, False), (True, False)],
+    "all": [(False, False), (True, False), (True, True)],
+}
 #: ``--max-model-len`` with a real model unless given: enough for the workload, and
 #: small enough that two engines' KV caches hold many sequences on one GPU.
 DEFAULT_GPU_MAX_MODEL_LEN = 4096
@@ -142,9 +152,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--modes", type=_modes, default=list(MODES), help=f"default {','.join(MODES)}")
     ap.add_argument(
         "--busy",
-        choices=("off", "on", "both"),
+        choices=tuple(BUSY_CHOICES),
         default="off",
-        help="busy-owner scenarios (default off)",
+        help="busy-actor scenarios: on (-busy: the engine on the busy actor's loop), own-loop "
+        "(-busy-own-loop: the actor's loop busy, the engine on a loop of its own), both "
+        "(off and on), all (off, on and own-loop); default off",
     )
     ap.add_argument(
         "--busy-slice-ms", type=float, default=4.0, help="CPU slice on the owner loop (default 4)"
@@ -258,6 +270,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="resolve the model, build and check the engine arguments and the stock "
         "command line, print them, start nothing",
+    )
+    ap.add_argument(
+        "--stages",
+        choices=("on", "off"),
+        default="off",
+        help="mark every request of the threaded modes at each stage on its way to the first "
+        "token, and report p50/p99 per stage (see docs/performance.md; default off: no cost)",
+    )
+    ap.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval of this process (the threaded modes' servers and engine "
+        "owner loop) during the run, in ms (default: the interpreter's, 5)",
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -388,11 +414,17 @@ class Scenario:
     busy: bool
     endpoint: str = "completions"
     rate_fraction: float | None = None  # of stock's measured capacity
+    own_loop: bool = False  # busy: the actor's loop, while the engine has its own
 
     @property
     def key(self) -> str:
         return scenario_key(
-            self.stream, self.concurrency, self.busy, self.endpoint, self.rate_fraction
+            self.stream,
+            self.concurrency,
+            self.busy,
+            self.endpoint,
+            self.rate_fraction,
+            self.own_loop,
         )
 
 
@@ -402,11 +434,10 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
 
 def _scenarios(args: argparse.Namespace) -> list[Scenario]:
     """The closed-loop scenarios, in the order they run in each round."""
-    busy = {"off": [False], "on": [True], "both": [False, True]}[args.busy]
     stream = {"on": [True], "off": [False], "both": [True, False]}[args.stream]
     return [
-        Scenario(st, c, b, ep)
-        for b in busy
+        Scenario(st, c, b, ep, own_loop=own)
+        for b, own in BUSY_CHOICES[args.busy]
         for ep in _endpoints(args)
         for st in stream
         for c in args.concurrency
@@ -416,13 +447,15 @@ def _scenarios(args: argparse.Namespace) -> list[Scenario]:
 def _open_scenarios(args: argparse.Namespace) -> list[Scenario]:
     """The open-loop sweep: every closed-loop workload but concurrency, at each fraction."""
     conns = 2 * args.max_num_seqs  # never the client's limit: the server queues the rest
-    seen = dict.fromkeys((s.stream, s.busy, s.endpoint) for s in _scenarios(args))
-    return [Scenario(st, conns, b, ep, f) for (st, b, ep) in seen for f in args.rate_fractions]
+    seen = dict.fromkeys((s.stream, s.busy, s.endpoint, s.own_loop) for s in _scenarios(args))
+    return [
+        Scenario(st, conns, b, ep, f, own) for (st, b, ep, own) in seen for f in args.rate_fractions
+    ]
 
 
 def _capacity_scenario(args: argparse.Namespace, sc: Scenario) -> Scenario:
     """The closed-loop scenario whose request rate is the capacity ``sc`` is a fraction of."""
-    return Scenario(sc.stream, max(args.concurrency), sc.busy, sc.endpoint)
+    return Scenario(sc.stream, max(args.concurrency), sc.busy, sc.endpoint, own_loop=sc.own_loop)
 
 
 def _spec(args: argparse.Namespace) -> EngineSpec:
@@ -575,6 +608,7 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
                 "stream": sc.stream,
                 "concurrency": sc.concurrency,
                 "busy": sc.busy,
+                "own_loop": sc.own_loop,
                 "endpoint": sc.endpoint,
                 "rate_fraction": sc.rate_fraction,
                 "requests": requests_for(args, max(args.concurrency), False)
@@ -662,12 +696,17 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         stock = StockServer(eargs, (console.log_dir or out) / STOCK_LOG)
         check_stock_argv(stock.argv, eargs)  # before anything starts: same engine, known flags
     load_proc = LoadProcess()
-    stack = Stack(_placed(spec, placement["threaded"]) if threaded else spec, threaded)
+    probe = StageProbe().install() if args.stages == "on" else None
+    stack = Stack(_placed(spec, placement["threaded"]) if threaded else spec, threaded, probe)
+    switch = sys.getswitchinterval()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+    load_avg = {"start": list(os.getloadavg())}
 
     def measure(rnd: int, si: int, sc: Scenario, rate: float) -> None:
         nonlocal next_id
         warm = rnd < args.warmup_rounds
-        stack.set_busy(load if sc.busy else None)
+        stack.set_busy(load if sc.busy else None, sc.own_loop)
         n = requests_for(args, sc.concurrency if sc.rate_fraction is None else top, warm)
         # Rotate the mode order every round and scenario: drift and
         # warm-up effects hit every mode alike.
@@ -703,6 +742,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
             else:
                 died = not stack.healthy
             ok = [s for s in samples if s.error is None]
+            stages = _stages(probe, ok) if probe is not None and mode != "stock" else []
             records.append(
                 {
                     "round": rnd,
@@ -710,6 +750,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                     "stream": sc.stream,
                     "concurrency": sc.concurrency,
                     "busy": sc.busy,
+                    "own_loop": sc.own_loop,
                     "endpoint": sc.endpoint,
                     "rate_fraction": sc.rate_fraction,
                     "offered_rps": rate or None,
@@ -720,6 +761,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                     "server_cpu_s": cpu,
                     "engine_died": died,
                     "samples": [asdict(s) for s in samples],
+                    "stages": stages,
                 }
             )
             partial.write(json.dumps(records[-1]) + "\n")
@@ -742,7 +784,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
             if died:
                 stack.restart()
                 if sc.busy:
-                    stack.set_busy(load)
+                    stack.set_busy(load, sc.own_loop)
         stack.set_busy(None)
 
     try:
@@ -818,6 +860,10 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         if stock is not None:
             stock.stop()
         load_proc.close()
+        sys.setswitchinterval(switch)
+        if probe is not None:
+            probe.uninstall()
+    load_avg["end"] = list(os.getloadavg())
     elapsed = time.perf_counter() - t_start
     rows = summarize(records)
     block = int((kv.get("threaded") or kv.get("correctness") or {}).get("block_size") or 0)
@@ -872,6 +918,9 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         "busy_counters": dict(stack.busy_counters),
         "engine_restarts": stack.restarts,
         "max_num_seqs": args.max_num_seqs,
+        "load_average": load_avg,
+        "switch_interval_ms": (args.switch_interval_ms or switch * 1e3),
+        "stages": args.stages,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
@@ -882,11 +931,22 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
     return {
         "meta": meta,
         "rows": rows,
+        "stages": stage_rows(records),
         "targets": target_checks(rows),
         "headlines": headlines(rows),
         "correctness": outcomes,
         "records": records,
     }
+
+
+def _stages(probe: StageProbe, samples: list[Sample]) -> list[dict[str, float]]:
+    """Each sample's stage times (:func:`~._stages.stages_of`), its server marks taken."""
+    marks = probe.take([s.number for s in samples])
+    out = []
+    for s in samples:
+        m = dict(marks.get(s.number, {}), sent=s.sent_at, first=s.sent_at + s.ttft)
+        out.append(stages_of(m))
+    return out
 
 
 def _server_cpu(mode: str, stock: StockServer | None) -> float:
@@ -968,7 +1028,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             (out / "correctness.md").write_text(race + "\n")
             written += [out / "correctness.json", out / "correctness.md"]
         (out / "latency.json").write_text(json.dumps(result, indent=1))
-        (out / "latency.md").write_text(markdown(result["rows"], meta) + "\n")
+        stage_table = "\n".join(stages_markdown(result["stages"]))
+        (out / "latency.md").write_text(markdown(result["rows"], meta) + stage_table + "\n")
         written += [out / "latency.json", out / "latency.md"]
         if args.plots:
             plots_dir: Path = args.plots_dir or out
@@ -981,6 +1042,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if lines:
         lines.append("")
     lines += terminal_report(result["rows"], meta)
+    lines += stages_markdown(result["stages"])
     lines += ["", f"wrote ({meta['elapsed_s']:.0f} s): {', '.join(map(str, written))}"]
     if console.logs:
         lines.append(f"logs: {', '.join(map(str, console.logs))}")

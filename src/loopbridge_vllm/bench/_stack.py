@@ -14,9 +14,13 @@ how the HTTP thread reaches the engine:
 * ``per-hop``: :class:`~loopbridge_vllm.bench._perhop.PerHopClient`;
 * ``loopbridge``: :func:`loopbridge_vllm.engine_client_proxy`.
 
-The optional *busy owner* load runs on the owner loop too: CPU work in slices
-(what an output backlog or unrelated actor methods look like to the loop) and a
-refit-like ``pause_generation(mode="keep")`` / ``resume_generation()`` cycle.
+The optional *busy actor* load: CPU work in slices (what an output backlog or
+unrelated actor methods look like to the loop) and a refit-like
+``pause_generation(mode="keep")`` / ``resume_generation()`` cycle.  It runs on
+the engine's owner loop (the engine built on the busy actor's loop), or on an
+actor loop of its own while the engine keeps its loop
+(:class:`loopbridge_adapters.engine_loop.EngineLoop`): the ``-own-loop``
+scenarios.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopbridge import LoopThread
+from loopbridge_adapters.engine_loop import EngineLoop
+
+from ._stages import StageProbe, TimedClient
 
 __all__ = [
     "THREADED_MODES",
@@ -122,16 +128,23 @@ async def _busy(engine: Any, load: BusyLoad, counters: dict[str, int]) -> None:
 
 
 class Stack:
-    """Engine on its owner thread plus one OpenAI server per mode."""
+    """Engine on its own loop (an :class:`EngineLoop`) plus one OpenAI server per mode."""
 
-    def __init__(self, spec: EngineSpec, modes: tuple[str, ...] = THREADED_MODES) -> None:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        modes: tuple[str, ...] = THREADED_MODES,
+        probe: StageProbe | None = None,
+    ) -> None:
         self.spec = spec
         self.modes = modes
-        self.owner: LoopThread | None = None
+        self.probe = probe  # marks every request's stages (see _stages); None: no cost
+        self.owner: EngineLoop | None = None
+        self.actor: EngineLoop | None = None  # the busy actor's own loop (own-loop scenarios)
         self.engine: Any = None
         self.servers: dict[str, Any] = {}
         self.restarts = 0
-        self._busy: asyncio.Task[None] | None = None
+        self._busy: tuple[EngineLoop, asyncio.Task[None]] | None = None  # (its loop, task)
         self.busy_counters = {"slices": 0, "refits": 0, "refit_pause_errors": 0}
 
     @property
@@ -145,11 +158,11 @@ class Stack:
         # Inherited by the EngineCore the engine spawns (CUDA_VISIBLE_DEVICES):
         # this process itself never initializes CUDA.
         os.environ.update(dict(spec.env))
-        self.owner = LoopThread("bench-engine-owner").start()
-        self.engine = self.owner.run(_make_engine, engine_args(spec, model_dir))
+        self.owner = EngineLoop("bench-engine-owner").start()
+        self.engine = self.owner.build(_make_engine, engine_args(spec, model_dir))
         # vLLM's own server caches this at start-up; doing it on the owner loop
         # means the unsafe server needs no utility call from its thread.
-        self.owner.run(self.engine.get_supported_tasks)
+        self.owner.build(self.engine.get_supported_tasks)
         if "unsafe" in self.modes:
             _lock_input_socket(self.engine)
         try:
@@ -161,19 +174,27 @@ class Stack:
         return self
 
     def _start_server(self, mode: str) -> Any:
+        from loopbridge_vllm.engine import engine_client_proxy
         from loopbridge_vllm.server import OpenAIServer, start_openai_server
 
         from ._perhop import PerHopClient
 
         assert self.owner is not None
-        if mode == "unsafe":
-            return OpenAIServer(self.engine, name="bench-http-unsafe").start(120)
+        if mode not in THREADED_MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose from {THREADED_MODES}")
+        if mode == "loopbridge" and self.probe is None:
+            return start_openai_server(self.engine, start_timeout=120)
+        client: Any = self.engine  # unsafe: the raw engine
         if mode == "per-hop":
             client = PerHopClient(self.engine, self.owner.loop)
-            return OpenAIServer(client, name="bench-http-per-hop").start(120)  # type: ignore[arg-type]
-        if mode == "loopbridge":
-            return start_openai_server(self.engine, start_timeout=120)
-        raise ValueError(f"unknown mode {mode!r}; choose from {THREADED_MODES}")
+        elif mode == "loopbridge":
+            client = engine_client_proxy(self.engine)
+        middleware = []
+        if self.probe is not None:
+            # Every threaded mode wrapped alike: the same marks, the same cost.
+            client = TimedClient(client, self.probe)
+            middleware.append(self.probe.middleware())
+        return OpenAIServer(client, name=f"bench-http-{mode}", middleware=middleware).start(120)
 
     def kv_cache(self) -> dict[str, Any]:
         """The engine's KV cache as its EngineCore reported it at start-up."""
@@ -205,7 +226,7 @@ class Stack:
             # it can report the EngineCore's exit as an engine failure.
             try:
                 if self.owner is not None and self.owner.running:
-                    self.owner.run(_shutdown_engine, self.engine)
+                    self.owner.build(_shutdown_engine, self.engine)
                 else:
                     self.engine.shutdown()
             except Exception:
@@ -214,18 +235,34 @@ class Stack:
         if self.owner is not None:
             self.owner.stop()
             self.owner = None
+        if self.actor is not None:
+            self.actor.stop()
+            self.actor = None
         gc.collect()
 
     # -- busy owner -------------------------------------------------------------
-    def set_busy(self, load: BusyLoad | None) -> None:
-        """Start ``load`` on the owner loop, or stop the current one (``None``)."""
-        owner = self.owner
+    def set_busy(self, load: BusyLoad | None, own_loop: bool = False) -> None:
+        """Start ``load``, or stop the current one (``None``).
+
+        On the engine's owner loop (the engine shares the busy actor's loop), or with
+        ``own_loop`` on an actor loop of its own, which reaches the engine through
+        loopbridge (the engine keeps its loop to itself).
+        """
         if self._busy is not None:
-            task, self._busy = self._busy, None
-            if owner is not None and owner.running:
-                owner.run(_stop_task, task)
-        if load is not None and load.active and owner is not None:
-            self._busy = owner.run(_start_task, _busy(self.engine, load, self.busy_counters))
+            (runner, task), self._busy = self._busy, None
+            if runner.running:
+                runner.build(_stop_task, task)
+        if load is None or not load.active or self.owner is None:
+            return
+        engine = self.engine
+        runner = self.owner
+        if own_loop:
+            from loopbridge_vllm.engine import engine_client_proxy
+
+            if self.actor is None:
+                self.actor = EngineLoop("bench-actor").start()
+            runner, engine = self.actor, engine_client_proxy(self.engine)
+        self._busy = (runner, runner.build(_start_task, _busy(engine, load, self.busy_counters)))
 
 
 def kv_cache_info(engine: Any) -> dict[str, Any]:

@@ -1,0 +1,263 @@
+"""Where a streamed request's first token spends its time, stage by stage.
+
+Opt-in (``--stages on``): :class:`StageProbe` stamps each request at ten points
+on the host's monotonic clock (``time.perf_counter``, ``CLOCK_MONOTONIC``: the same
+clock in the load generator, this process and the EngineCore), keyed by the
+request's number in the run, which the load generator sends as ``X-Request-Id``
+(vLLM builds its request id on it):
+
+=================  ===========================================  ==============
+mark               where                                        thread
+=================  ===========================================  ==============
+``sent``           the client sends the request                 load process
+``http_in``        the ASGI app is called (headers parsed)      HTTP loop
+``http_generate``  the serving layer calls ``generate``         HTTP loop
+``owner_start``    ``AsyncLLM.generate`` starts                 owner loop [1]_
+``core_out``       the EngineCore made the first token's batch  EngineCore
+``handler_in``     the output handler starts processing it      owner loop
+``handler_out``    ... and has put every output of that chunk   owner loop
+``owner_yield``    ``AsyncLLM.generate`` yields the first token owner loop [1]_
+``http_recv``      the serving layer receives it                HTTP loop
+``http_body``      the first body chunk goes to the socket      HTTP loop
+``first``          the client reads the first token             load process
+=================  ===========================================  ==============
+
+.. [1] the HTTP loop in the ``unsafe`` mode, which runs the engine's coroutines
+   there.
+
+:data:`STAGES` names the gaps between consecutive marks.  Only the first mark of
+each name per request counts (``dict.setdefault``, atomic under the GIL), so a
+later output of the same request never moves a stage.
+
+Invariants: with the probe off nothing is patched and nothing is recorded (no
+cost); installed, the patches wrap vLLM's ``AsyncLLM.generate`` and
+``OutputProcessor.process_outputs`` at class level, in this process only, and
+:meth:`StageProbe.uninstall` restores the originals.  Closing the wrapping
+generator closes vLLM's (where vLLM aborts the request), on the loop it runs on.
+``vllm serve`` (stock) is another process: only its client-side marks exist.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopbridge_adapters.bench.load import REQUEST_ID_HEADER
+from loopbridge_adapters.bench.summary import percentile, rec_key
+
+__all__ = ["STAGES", "StageProbe", "TimedClient", "stage_rows", "stages_markdown", "stages_of"]
+
+_perf = time.perf_counter
+_NUMBER = re.compile(r"lb(\d+)")
+
+#: (stage, from mark, to mark), in the order a request passes them.
+STAGES: tuple[tuple[str, str, str], ...] = (
+    ("client to HTTP loop", "sent", "http_in"),
+    ("HTTP pre-processing", "http_in", "http_generate"),
+    ("admission to owner loop", "http_generate", "owner_start"),
+    ("engine (input, queue, step)", "owner_start", "core_out"),
+    ("to output handler", "core_out", "handler_in"),
+    ("output handler", "handler_in", "handler_out"),
+    ("collector wake-up", "handler_out", "owner_yield"),
+    ("pump and wake-up to HTTP loop", "owner_yield", "http_recv"),
+    ("HTTP formatting", "http_recv", "http_body"),
+    ("HTTP loop to client", "http_body", "first"),
+)
+
+
+def _number(text: str) -> int | None:
+    m = _NUMBER.search(text)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class StageProbe:
+    """The marks of every request, and the patches that make them."""
+
+    marks: dict[int, dict[str, float]] = field(default_factory=dict)
+    _restore: list[Callable[[], None]] = field(default_factory=list)
+
+    def mark(self, request_id: str, name: str, t: float) -> None:
+        n = _number(request_id)
+        if n is not None:
+            self.marks.setdefault(n, {}).setdefault(name, t)
+
+    def take(self, numbers: Sequence[int]) -> dict[int, dict[str, float]]:
+        """The marks of ``numbers``, removed from the probe."""
+        return {n: self.marks.pop(n) for n in numbers if n in self.marks}
+
+    # -- patches -----------------------------------------------------------------
+    def install(self) -> StageProbe:
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.output_processor import OutputProcessor
+
+        if self._restore:
+            raise RuntimeError("the stage probe is already installed")
+        self._patch(AsyncLLM, "generate", self._generate(AsyncLLM.generate))
+        self._patch(OutputProcessor, "process_outputs", self._process(OutputProcessor))
+        return self
+
+    def uninstall(self) -> None:
+        while self._restore:
+            self._restore.pop()()
+
+    def _patch(self, cls: type, name: str, new: Any) -> None:
+        old = cls.__dict__[name]
+        setattr(cls, name, new)
+        self._restore.append(lambda: setattr(cls, name, old))
+
+    def _generate(self, original: Any) -> Any:
+        probe = self
+
+        @functools.wraps(original)
+        async def generate(
+            engine: Any, prompt: Any, sampling_params: Any, request_id: str, *a: Any, **kw: Any
+        ) -> AsyncGenerator[Any, None]:
+            probe.mark(request_id, "owner_start", _perf())
+            agen = original(engine, prompt, sampling_params, request_id, *a, **kw)
+            try:
+                async for out in agen:
+                    probe.mark(request_id, "owner_yield", _perf())
+                    yield out
+            finally:
+                await agen.aclose()
+
+        return generate
+
+    def _process(self, cls: type) -> Any:
+        original = cls.process_outputs  # type: ignore[attr-defined]
+        probe = self
+
+        @functools.wraps(original)
+        def process_outputs(
+            processor: Any, outputs: Any, engine_core_timestamp: Any = None, *a: Any, **kw: Any
+        ) -> Any:
+            t0 = _perf()
+            result = original(processor, outputs, engine_core_timestamp, *a, **kw)
+            t1 = _perf()
+            for out in outputs:
+                rid = out.request_id
+                if engine_core_timestamp is not None:
+                    probe.mark(rid, "core_out", engine_core_timestamp)
+                probe.mark(rid, "handler_in", t0)
+                probe.mark(rid, "handler_out", t1)
+            return result
+
+        return process_outputs
+
+    def middleware(self) -> Any:
+        """Starlette ``Middleware`` that marks ``http_in`` and ``http_body``."""
+        from starlette.middleware import Middleware
+
+        return Middleware(_HttpMarks, probe=self)
+
+
+class _HttpMarks:
+    """ASGI middleware: when a request reaches the app, and its first body chunk leaves."""
+
+    def __init__(self, app: Any, probe: StageProbe) -> None:
+        self.app = app
+        self.probe = probe
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        rid = None
+        if scope["type"] == "http":
+            key = REQUEST_ID_HEADER.lower().encode()
+            rid = next((v.decode() for k, v in scope["headers"] if k == key), None)
+        if rid is None:
+            await self.app(scope, receive, send)
+            return
+        probe = self.probe
+        probe.mark(rid, "http_in", _perf())
+
+        async def marked_send(message: Any) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                probe.mark(rid, "http_body", _perf())
+            await send(message)
+
+        await self.app(scope, receive, marked_send)
+
+
+class TimedClient:
+    """An engine client that marks ``http_generate`` and ``http_recv`` around ``client``'s.
+
+    Everything but ``generate`` is ``client``'s own attribute.
+    """
+
+    def __init__(self, client: Any, probe: StageProbe) -> None:
+        self._client = client
+        self._probe = probe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, *a: Any, **kw: Any
+    ) -> AsyncGenerator[Any, None]:
+        self._probe.mark(request_id, "http_generate", _perf())
+        inner = self._client.generate(prompt, sampling_params, request_id, *a, **kw)
+        return _received(inner, self._probe, request_id)
+
+
+async def _received(inner: Any, probe: StageProbe, request_id: str) -> AsyncGenerator[Any, None]:
+    try:
+        async for out in inner:
+            probe.mark(request_id, "http_recv", _perf())
+            yield out
+    finally:
+        await inner.aclose()
+
+
+def stages_of(marks: Mapping[str, float]) -> dict[str, float]:
+    """Seconds per stage of one request (the stages both of whose marks exist)."""
+    return {name: marks[b] - marks[a] for name, a, b in STAGES if a in marks and b in marks}
+
+
+def stage_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """p50/p99 (ms) per stage, per scenario and mode, over the measured records' requests.
+
+    A record carries ``stages``: one :func:`stages_of` dict per request.
+    """
+    groups: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for rec in records:
+        if rec["warmup"] or not rec.get("stages"):
+            continue
+        per = groups.setdefault((rec_key(rec), rec["mode"]), {})
+        for req in rec["stages"]:
+            for name, s in req.items():
+                per.setdefault(name, []).append(s)
+    rows = []
+    for (key, mode), per in groups.items():
+        row: dict[str, Any] = {"scenario": key, "mode": mode}
+        for name, _, _ in STAGES:
+            xs = per.get(name, [])
+            row[name] = {
+                "n": len(xs),
+                "p50_ms": percentile(xs, 50) * 1e3,
+                "p99_ms": percentile(xs, 99) * 1e3,
+            }
+        rows.append(row)
+    return rows
+
+
+def stages_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The stage table: one row per scenario and mode, ``p50 / p99`` ms per stage."""
+    if not rows:
+        return []
+    names = [name for name, _, _ in STAGES]
+    lines = [
+        "",
+        "Where the first token's time goes (`--stages on`), ms, p50 / p99 over each "
+        "stage's requests (a stage's p99s do not add up to the TTFT p99):",
+        "",
+        "| scenario | mode | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for r in rows:
+        cells = [f"{r[n]['p50_ms']:.2f} / {r[n]['p99_ms']:.2f}" for n in names]
+        lines.append(f"| {r['scenario']} | {r['mode']} | " + " | ".join(cells) + " |")
+    return lines

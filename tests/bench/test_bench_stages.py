@@ -1,0 +1,159 @@
+"""The stage probe of the latency benchmark: marks, their stages, the report rows.
+
+No timing is asserted: the marks are checked by their order and their keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+
+from loopbridge_adapters.bench.load import REQUEST_ID_HEADER, request_id
+from loopbridge_vllm.bench._stages import (
+    STAGES,
+    StageProbe,
+    TimedClient,
+    stage_rows,
+    stages_markdown,
+    stages_of,
+)
+
+
+def test_stages_chain_the_marks_in_order() -> None:
+    # Every stage starts where the one before it ended: their sum is the TTFT.
+    for (_, _, end), (_, start, _) in itertools.pairwise(STAGES):
+        assert end == start
+    marks = {name: float(i) for i, name in enumerate(["sent", *(b for _, _, b in STAGES)])}
+    stages = stages_of(marks)
+    assert list(stages) == [name for name, _, _ in STAGES]
+    assert all(v == 1.0 for v in stages.values())
+    assert sum(stages.values()) == marks["first"] - marks["sent"]
+
+
+def test_stages_of_skips_stages_with_a_missing_mark() -> None:
+    stages = stages_of({"sent": 0.0, "http_in": 0.5, "owner_start": 2.0})
+    assert stages == {"client to HTTP loop": 0.5}
+
+
+def test_the_probe_keeps_the_first_mark_of_each_request() -> None:
+    probe = StageProbe()
+    probe.mark("cmpl-lb12-0", "owner_yield", 1.0)
+    probe.mark("cmpl-lb12-0", "owner_yield", 2.0)  # a later output of the same request
+    probe.mark("cmpl-someone-else-0", "owner_yield", 3.0)  # not the benchmark's: ignored
+    assert probe.marks == {12: {"owner_yield": 1.0}}
+    assert probe.take([12, 13]) == {12: {"owner_yield": 1.0}}
+    assert probe.marks == {}
+
+
+def test_install_patches_vllm_and_uninstall_restores_it() -> None:
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    generate, process = AsyncLLM.generate, OutputProcessor.process_outputs
+    probe = StageProbe().install()
+    try:
+        assert AsyncLLM.generate is not generate
+        assert OutputProcessor.process_outputs is not process
+        assert AsyncLLM.generate.__wrapped__ is generate  # type: ignore[attr-defined]
+        with pytest.raises(RuntimeError, match="already installed"):
+            probe.install()
+    finally:
+        probe.uninstall()
+    assert AsyncLLM.generate is generate
+    assert OutputProcessor.process_outputs is process
+
+
+class _Client:
+    """An engine client whose stream the test steps through."""
+
+    model_config = "config"
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def generate(self, prompt: Any, params: Any, rid: str) -> Any:
+        try:
+            for i in range(3):
+                yield i
+        finally:
+            self.closed = True
+
+
+def test_timed_client_marks_the_call_and_the_first_output_and_closes_the_stream() -> None:
+    probe = StageProbe()
+    inner = _Client()
+    client = TimedClient(inner, probe)
+    assert client.model_config == "config"  # everything else is the client's own
+
+    async def main() -> list[Any]:
+        stream = client.generate("p", None, "cmpl-lb7-0")
+        assert set(probe.marks[7]) == {"http_generate"}
+        first = await stream.__anext__()
+        await stream.aclose()  # the consumer leaves early
+        return [first]
+
+    assert asyncio.run(main()) == [0]
+    assert set(probe.marks[7]) == {"http_generate", "http_recv"}
+    assert probe.marks[7]["http_generate"] <= probe.marks[7]["http_recv"]
+    assert inner.closed
+
+
+def test_middleware_marks_arrival_and_first_body_chunk_of_the_benchmarks_requests() -> None:
+    probe = StageProbe()
+    sent: list[Any] = []
+    seen: list[set[str]] = []  # request 5's marks before its first body chunk
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        seen.append(set(probe.marks.get(5, {})))
+        await send({"type": "http.response.body", "body": b"data: 1", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    middleware = probe.middleware()
+    wrapped = middleware.cls(app, *middleware.args, **middleware.kwargs)
+    header = (REQUEST_ID_HEADER.lower().encode(), request_id(5).encode())
+    asyncio.run(wrapped({"type": "http", "headers": [header]}, None, send))
+    asyncio.run(wrapped({"type": "http", "headers": []}, None, send))  # not marked
+    assert len(sent) == 6  # every message passed on
+    assert seen[0] == {"http_in"}  # the response start is no body chunk
+    assert set(probe.marks) == {5}
+    assert probe.marks[5]["http_in"] <= probe.marks[5]["http_body"]
+
+
+def test_stage_rows_pool_measured_requests_per_scenario_and_mode() -> None:
+    def rec(mode: str, warmup: bool, values: list[float]) -> dict[str, Any]:
+        return {
+            "mode": mode,
+            "warmup": warmup,
+            "concurrency": 16,
+            "busy": False,
+            "stream": True,
+            "stages": [{"output handler": v} for v in values],
+        }
+
+    rows = stage_rows(
+        [
+            rec("loopbridge", True, [9.0]),  # warm-up: never counted
+            rec("loopbridge", False, [0.001, 0.003]),
+            rec("loopbridge", False, [0.002]),
+            rec("per-hop", False, [0.010]),
+            rec("stock", False, []),  # no server-side marks: no row
+        ]
+    )
+    by = {(r["scenario"], r["mode"]): r for r in rows}
+    assert set(by) == {("stream-c16", "loopbridge"), ("stream-c16", "per-hop")}
+    cell = by["stream-c16", "loopbridge"]["output handler"]
+    assert cell["n"] == 3 and cell["p50_ms"] == pytest.approx(2.0)
+    assert by["stream-c16", "loopbridge"]["engine (input, queue, step)"]["n"] == 0
+    table = stages_markdown(rows)
+    assert any(line.startswith("| stream-c16 | per-hop | ") for line in table)
+    assert stages_markdown([]) == []
