@@ -15,10 +15,11 @@ from __future__ import annotations
 import os as _os
 
 from ._affinity import set_affinity_check
+from ._blocking import Blocking, blocking
 from ._declare import adopt, loop_affine, owner_loop, transfer
 from ._errors import LoopAffinityError, OwnerLoopClosed, UnsupportedRuntime
 from ._loop_thread import LoopThread
-from ._proxy import Blocking, blocking, is_proxy, proxy, read_ahead, unwrap
+from ._proxy import is_proxy, proxy, read_ahead, unwrap
 from ._returns import Owned
 from ._streams import BlockingStream
 

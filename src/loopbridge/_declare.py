@@ -237,6 +237,13 @@ def _guard_members(klass: type, slotted: bool) -> None:
             setattr(klass, name, guarded(value, slotted))
 
 
+def _generated(cls: type) -> bool:
+    """A class loopbridge generated (a proxy's, an uncovered result's): the markers
+    are set by ``_proxy`` and ``_uncovered``, which sit above this module."""
+    own = cls.__dict__
+    return bool(own.get("__loopbridge_proxy__") or own.get("__loopbridge_uncovered__"))
+
+
 def _guard_subclasses(klass: type) -> None:
     """Declarations are inherited, and so is the check: an undecorated subclass's own
     async members are guarded, and its own ``__init__`` gives instances a record,
@@ -248,8 +255,8 @@ def _guard_subclasses(klass: type) -> None:
             own.__func__(cls, **kwargs)
         else:
             super(klass, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
-        if cls.__dict__.get("__loopbridge_proxy__") or not issubclass(cls, klass):
-            return  # a proxy class: its members are its own
+        if _generated(cls) or not issubclass(cls, klass):
+            return  # a proxy or uncovered-result class: its members are its own
         if "__init__" in cls.__dict__:
             _wrap_init(cls)
         slot = getattr(cls, _ATTR, None)

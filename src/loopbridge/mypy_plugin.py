@@ -52,8 +52,9 @@ from mypy.version import __version__ as mypy_version
 
 __all__ = ["plugin"]
 
-_BLOCKING = "loopbridge._proxy.Blocking"
-_STREAM = "loopbridge._streams.BlockingStream"
+# Keyed on the public names: where loopbridge defines them is its own business.
+_BLOCKING = "loopbridge.Blocking"
+_STREAM = "loopbridge.BlockingStream"
 _ASYNC_ITERABLE = "typing.AsyncIterable"
 _COROUTINE = "typing.Coroutine"
 _ASYNC_GENERATOR = "typing.AsyncGenerator"
@@ -66,10 +67,17 @@ _NEEDS_MSG = tuple(int(n) for n in re.findall(r"\d+", mypy_version)[:2]) < (1, 1
 class LoopbridgePlugin(Plugin):
     def get_attribute_hook(self, fullname: str) -> Callable[[AttributeContext], Type] | None:
         # Called for names that Blocking resolves through __getattr__.
-        prefix = _BLOCKING + "."
-        if fullname.startswith(prefix):
-            return functools.partial(_blocking_member, fullname[len(prefix) :])
+        blocking = self._defined_as(_BLOCKING)
+        prefix = blocking + "."
+        if blocking and fullname.startswith(prefix):
+            return functools.partial(_blocking_member, blocking, fullname[len(prefix) :])
         return None
+
+    def _defined_as(self, public: str) -> str:
+        """The full name mypy records for the public name ``public`` ("" before
+        loopbridge is loaded: then nothing can be a Blocking yet)."""
+        sym = self.lookup_fully_qualified(public)
+        return sym.node.fullname if sym is not None and isinstance(sym.node, TypeInfo) else ""
 
 
 def plugin(version: str) -> type[Plugin]:
@@ -77,14 +85,14 @@ def plugin(version: str) -> type[Plugin]:
     return LoopbridgePlugin
 
 
-def _blocking_member(name: str, ctx: AttributeContext) -> Type:
+def _blocking_member(blocking: str, name: str, ctx: AttributeContext) -> Type:
     if getattr(ctx, "is_lvalue", False):  # (no is_lvalue before mypy 1.11)
         return ctx.default_attr_type
     # For a union of faces the hook runs once per item but only sees the whole
     # union, so every run answers for all Blocking items (mypy merges the results).
     face = get_proper_type(ctx.type)
     items = face.relevant_items() if isinstance(face, UnionType) else [face]
-    targets = [t for t in map(_target_of, items) if t is not None]
+    targets = [t for t in (_target_of(blocking, item) for item in items) if t is not None]
     if not targets:
         return ctx.default_attr_type
     target = make_simplified_union(targets)
@@ -110,13 +118,13 @@ def _blocking_member(name: str, ctx: AttributeContext) -> Type:
     return _to_blocking(member, api)
 
 
-def _target_of(face: Type) -> Type | None:
+def _target_of(blocking: str, face: Type) -> Type | None:
     """``T`` of a ``Blocking[T]`` (or of a subclass of it), else None."""
     face = get_proper_type(face)
     if not isinstance(face, Instance):
         return None
     info = face.type.get_containing_type_info("__getattr__")
-    if info is None or info.fullname != _BLOCKING:
+    if info is None or info.fullname != blocking:
         return None
     face = map_instance_to_supertype(face, info)
     return face.args[0] if face.args else None
@@ -171,8 +179,9 @@ def _stream_of(ret: ProperType, api: TypeChecker) -> Type:
                 if mapped.args:
                     item = mapped.args[0]
                 break
-    # Looked up where it is defined (mypy records the defining module); found
-    # whenever the checked code imports loopbridge, as it must to call blocking().
+    # Looked up by its public name (the name resolves to the defining module's
+    # class); found whenever the checked code imports loopbridge, as it must to
+    # call blocking().
     module_name, _, class_name = _STREAM.rpartition(".")
     module = api.modules.get(module_name)
     sym = module.names.get(class_name) if module is not None else None

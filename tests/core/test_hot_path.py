@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import loopbridge as lb
-from loopbridge import _affinity, _codegen, _compat, _ownership, _proxy
+from loopbridge import _affinity, _codegen, _compat, _faces, _ownership
 from loopbridge._codegen import GENERIC
 
 RENDERINGS = ["mirrored", "generic"]
@@ -32,7 +32,7 @@ class Adder:
 
 def _member(rendering: str) -> Any:
     fn = _affinity.original(Adder.__dict__["add"])
-    return _proxy._async_member("add", fn, generic=rendering == "generic")
+    return _faces._async_member("add", fn, generic=rendering == "generic")
 
 
 def _is_generic(member: Any) -> bool:

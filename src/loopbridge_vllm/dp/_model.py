@@ -68,9 +68,9 @@ class Pause(IntEnum):
 # Variants
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Variant:
-    """Which protocol the ranks, coordinator and client follow."""
+    """Which protocol the ranks, coordinator and client follow (fields by keyword only)."""
 
     name: str
     description: str
@@ -102,45 +102,86 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant(
-            "a", "pre two-phase: idle fast-path pause", True, "none", True, "v032", False, "local"
+            name="a",
+            description="pre two-phase: idle fast-path pause",
+            fast_path_pause=True,
+            start_guard="none",
+            first_req=True,
+            add_rule="v032",
+            admission_reject=False,
+            resume="local",
         ),
         Variant(
-            "b",
-            "(a) + ignore START_DP_WAVE while paused",
-            True,
-            "pause_state",
-            True,
-            "v032",
-            False,
-            "local",
-        ),
-        Variant("c", "vLLM 0.32.0 as installed", False, "latch", True, "v032", False, "barrier"),
-        Variant("c33", "vLLM 0.33.0 two-phase", False, "latch", False, "v033", True, "barrier"),
-        Variant("d", "(c) + idempotent resume", False, "latch", True, "v032", False, "idempotent"),
-        Variant(
-            "d33", "(c33) + idempotent resume", False, "latch", False, "v033", True, "idempotent"
+            name="b",
+            description="(a) + ignore START_DP_WAVE while paused",
+            fast_path_pause=True,
+            start_guard="pause_state",
+            first_req=True,
+            add_rule="v032",
+            admission_reject=False,
+            resume="local",
         ),
         Variant(
-            "e",
-            "vLLM 0.32.0 + pause-aware filter",
-            False,
-            "latch",
-            True,
-            "v032",
-            False,
-            "barrier",
+            name="c",
+            description="vLLM 0.32.0 as installed",
+            fast_path_pause=False,
+            start_guard="latch",
+            first_req=True,
+            add_rule="v032",
+            admission_reject=False,
+            resume="barrier",
+        ),
+        Variant(
+            name="c33",
+            description="vLLM 0.33.0 two-phase",
+            fast_path_pause=False,
+            start_guard="latch",
+            first_req=False,
+            add_rule="v033",
+            admission_reject=True,
+            resume="barrier",
+        ),
+        Variant(
+            name="d",
+            description="(c) + idempotent resume",
+            fast_path_pause=False,
+            start_guard="latch",
+            first_req=True,
+            add_rule="v032",
+            admission_reject=False,
+            resume="idempotent",
+        ),
+        Variant(
+            name="d33",
+            description="(c33) + idempotent resume",
+            fast_path_pause=False,
+            start_guard="latch",
+            first_req=False,
+            add_rule="v033",
+            admission_reject=True,
+            resume="idempotent",
+        ),
+        Variant(
+            name="e",
+            description="vLLM 0.32.0 + pause-aware filter",
+            fast_path_pause=False,
+            start_guard="latch",
+            first_req=True,
+            add_rule="v032",
+            admission_reject=False,
+            resume="barrier",
             filtered=True,
         ),
         # Checked in the model only: install_filter() refuses 0.33 (see _patch).
         Variant(
-            "e33",
-            "vLLM 0.33.0 + pause-aware filter (model only)",
-            False,
-            "latch",
-            False,
-            "v033",
-            True,
-            "barrier",
+            name="e33",
+            description="vLLM 0.33.0 + pause-aware filter (model only)",
+            fast_path_pause=False,
+            start_guard="latch",
+            first_req=False,
+            add_rule="v033",
+            admission_reject=True,
+            resume="barrier",
             filtered=True,
         ),
     )
@@ -675,8 +716,15 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
     commute with every other action (channel appends, coordinator and client
     steps), so running them first loses no reachable quiescent state.
     """
-    v, n = cfg.variant, cfg.ranks
-    # Forced: a collective everyone has entered.
+    forced = _forced(cfg, w)
+    if forced:
+        return forced
+    return _rank_steps(cfg, w) + _coordinator_steps(cfg, w) + _client_steps(cfg, w)
+
+
+def _forced(cfg: Config, w: World) -> list[tuple[Label, World]]:
+    """The forced action, alone, if one is enabled (see :func:`successors`); else none."""
+    # A collective everyone has entered.
     kinds = {r.blocked.kind if r.blocked else None for r in w.ranks}
     if len(kinds) == 1 and None not in kinds:
         return [_complete(cfg, w)]
@@ -685,7 +733,12 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
             nr, eff = fire_idle_callbacks(r)
             ops = ",".join(str(o) for o in r.callbacks)
             return [((f"r{i}", f"idle: pause reply op{ops}"), _apply(w, i, nr, eff))]
+    return []
 
+
+def _rank_steps(cfg: Config, w: World) -> list[tuple[Label, World]]:
+    """Each rank's next message (from each of its channels) and its next step."""
+    v = cfg.variant
     out: list[tuple[Label, World]] = []
     for i, r in enumerate(w.ranks):
         if r.blocked is not None:
@@ -725,8 +778,15 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
                 ((f"r{i}", f"enter {what} (step {r.step + 1})"), _apply(w, i, nr, NO_EFFECTS))
             )
 
+    return out
+
+
+def _coordinator_steps(cfg: Config, w: World) -> list[tuple[Label, World]]:
+    """The coordinator's next message from the front-end and from each engine, and its
+    publication when it tells the client something new."""
+    n = cfg.ranks
+    out: list[tuple[Label, World]] = []
     c, co = w.client, w.coord
-    # Coordinator.
     if co.front:
         fr, rest_f = co.front[0], co.front[1:]
         nw = replace(w, coord=replace(co, front=rest_f))
@@ -769,7 +829,13 @@ def successors(cfg: Config, w: World) -> list[tuple[Label, World]]:
             )
         )
 
-    # Client: script, stats task, optional requests and aborts.
+    return out
+
+
+def _client_steps(cfg: Config, w: World) -> list[tuple[Label, World]]:
+    """The client's script, its stats task, then its optional requests and aborts."""
+    c, co, n = w.client, w.coord, cfg.ranks
+    out: list[tuple[Label, World]] = []
     if not c.waiting and c.stage < len(cfg.script):
         u, to = cfg.script[c.stage], cfg.targets[c.stage]
         nw = replace(

@@ -1,0 +1,67 @@
+"""The member-kind table (:mod:`loopbridge._faces`): one row per member kind, and
+the crossing each marshalled member records, from which the blocking face builds
+its own members."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import loopbridge as lb
+from loopbridge._faces import FACES, Wait, crossings_of
+from loopbridge._members import MemberKind
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.name = "c"
+
+    async def query(self, q: str) -> str:
+        return q
+
+    async def rows(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+
+    async def child(self) -> Conn:
+        return Conn()
+
+    def cursor(self) -> Conn:
+        return Conn()
+
+    def close(self) -> None:
+        pass
+
+    def label(self) -> str:
+        return self.name
+
+
+def test_every_member_kind_has_a_row() -> None:
+    assert set(FACES) == set(MemberKind)
+
+
+def test_marshalled_members_and_only_they_record_a_crossing(owner: lb.LoopThread) -> None:
+    conn = Conn()
+    rules = {"child": lb.Owned(), "cursor": lb.Owned()}
+    lb.adopt(conn, loop=owner.loop, threadsafe=("label",), returns=rules)
+    crossings = crossings_of(type(lb.proxy(conn)))
+    waits = {name: (c.wait, c.with_opts) for name, c in crossings.items()}
+    assert waits == {
+        "query": (Wait.CALL, False),  # rendered with its own signature
+        "rows": (Wait.STREAM, False),
+        "child": (Wait.CALL, True),  # its result is shaped by its rule on the owner
+        "cursor": (Wait.PENDING, False),
+    }  # close (refused) and label (thread-safe) cross as they are
+    assert crossings["query"].source is Conn.query
+
+
+def test_the_blocking_face_runs_what_the_crossings_record(owner: lb.LoopThread) -> None:
+    conn = Conn()
+    lb.adopt(conn, loop=owner.loop, threadsafe=("label",), returns={"child": lb.Owned()})
+    b = lb.blocking(lb.proxy(conn))
+    assert b.query("x") == "x"
+    with b.rows(3) as rows:
+        assert list(rows) == [0, 1, 2]
+    child = b.child()
+    assert lb.is_proxy(child)  # an owned result comes back as a proxy
+    assert lb.blocking(child).query("y") == "y"
+    assert b.label() == "c"
