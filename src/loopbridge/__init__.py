@@ -20,6 +20,7 @@ from ._declare import adopt, loop_affine, owner_loop, transfer
 from ._errors import LoopAffinityError, OwnerLoopClosed, UnsupportedRuntime
 from ._loop_thread import LoopThread
 from ._proxy import is_proxy, proxy, read_ahead, unwrap
+from ._public import publish as _publish
 from ._returns import Owned
 from ._streams import BlockingStream
 
@@ -42,6 +43,7 @@ __all__ = [
     "Blocking",
     "BlockingStream",
 ]
+_publish(__name__, globals(), __all__)
 
 # LOOPBRIDGE_SANITIZE=raise|warn|log turns the sanitizer on for the whole process
 # (and its Python children).  Unset, the sanitizer is not even imported.

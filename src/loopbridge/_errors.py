@@ -1,4 +1,10 @@
-"""The exception types loopbridge raises on its own behalf."""
+"""The exception types loopbridge raises on its own behalf.
+
+Each names ``loopbridge`` as its module in its class body, not only when
+``loopbridge`` exports it (:mod:`loopbridge._public`): ``UnsupportedRuntime``
+is raised while ``loopbridge`` itself is still being imported, and its
+traceback must say ``loopbridge.UnsupportedRuntime`` too.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ class LoopAffinityError(RuntimeError):
     always says what to do instead.
     """
 
+    __module__ = "loopbridge"
+
 
 class OwnerLoopClosed(RuntimeError):
     """The loop that owns the object stopped or closed.
@@ -24,6 +32,8 @@ class OwnerLoopClosed(RuntimeError):
     :func:`loopbridge.transfer` to use it again.
     """
 
+    __module__ = "loopbridge"
+
 
 class UnsupportedRuntime(RuntimeError):
     """This Python or event loop lacks something loopbridge's guarantees rest on.
@@ -32,3 +42,5 @@ class UnsupportedRuntime(RuntimeError):
     loopbridge first talks to a loop (a per-loop fact), never as a silent
     fallback.  The message names what is missing and why it is needed.
     """
+
+    __module__ = "loopbridge"

@@ -44,3 +44,7 @@ __all__ = [
     "shutdown_engine",
     "start_openai_server",
 ]
+# Each name reports loopbridge_vllm.X (the classes loopbridge_adapters shares keep theirs).
+for _name in __all__:
+    if globals()[_name].__module__.startswith(f"{__name__}."):
+        globals()[_name].__module__ = __name__

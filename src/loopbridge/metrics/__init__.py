@@ -21,6 +21,7 @@ from .._histogram import Histogram
 from .._lag import LagMonitor, monitor_lag
 from .._metrics import Metrics, Totals
 from .._proxy import metrics_of
+from .._public import publish as _publish
 from .._snapshot import snapshot
 
 __all__ = [
@@ -36,3 +37,4 @@ __all__ = [
     "install_hang_dump",
     "record_submission_sites",
 ]
+_publish(__name__, globals(), __all__)

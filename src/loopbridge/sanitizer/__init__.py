@@ -17,6 +17,7 @@ import threading
 from collections.abc import MutableMapping
 from types import TracebackType
 
+from .._public import publish as _publish
 from ._report import (
     POLICIES,
     Collector,
@@ -172,3 +173,6 @@ def install_from_env(environ: MutableMapping[str, str] | None = None) -> Policy 
     if boot not in parts:
         env["PYTHONPATH"] = os.pathsep.join([boot, *parts])
     return policy
+
+
+_publish(__name__, globals(), __all__)
