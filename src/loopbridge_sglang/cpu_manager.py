@@ -189,6 +189,83 @@ def _batch(done: list[tuple[_Running, dict[str, Any] | None, list[int]]]) -> Any
     )
 
 
+@dataclass
+class _Answers:
+    """What the stand-in process answers the manager: each message, each step."""
+
+    push: Any  # the ZMQ socket to the manager
+    events: Any  # the parent's queue of what happened
+    state: _State = field(default_factory=_State)
+
+    def finish(self, run: _Running, reason: dict[str, Any], event: str) -> None:
+        from sglang.srt.managers import io_struct
+
+        self.state.running.pop(run.rid, None)
+        io_struct.sock_send(self.push, _batch([(run, reason, [])]))
+        self.events.put((event, run.rid))
+
+    def handle(self, msg: Any) -> None:
+        from sglang.srt.managers import io_struct
+
+        state, events = self.state, self.events
+        if isinstance(msg, io_struct.BatchTokenizedGenerateReqInput):
+            for one in msg.batch:
+                self.handle(one)
+        elif isinstance(msg, io_struct.TokenizedGenerateReqInput):
+            n = msg.sampling_params.max_new_tokens
+            run = _Running(msg.rid, msg.http_worker_ipc, len(msg.input_ids), int(n or 16))
+            state.running[msg.rid] = run
+            events.put(("received", msg.rid))
+        elif isinstance(msg, io_struct.AbortReq):
+            aborted = {
+                "type": "abort",
+                "message": "aborted by the tokenizer manager",
+                "status_code": None,
+                "err_type": None,
+            }
+            for run in list(state.running.values()):
+                # As the real scheduler does: a batch request's rids share a prefix.
+                if msg.abort_all or (msg.rid and run.rid.startswith(msg.rid)):
+                    self.finish(run, aborted, "aborted")
+        elif isinstance(msg, io_struct.PauseGenerationReqInput):
+            state.paused = True
+            events.put(("paused", msg.mode))
+        elif isinstance(msg, io_struct.ContinueGenerationReqInput):
+            state.paused = False
+            events.put(("continued", None))
+        elif isinstance(msg, io_struct.UpdateWeightFromDiskReqInput):
+            io_struct.sock_send(
+                self.push,
+                _reply(
+                    io_struct.UpdateWeightFromDiskReqOutput,
+                    success=True,
+                    message="weights updated by the stand-in scheduler",
+                    num_paused_requests=0,
+                    http_worker_ipc=msg.http_worker_ipc,
+                ),
+            )
+            events.put(("weights", msg.model_path))
+        # Anything else (FreezeGCReq, configure-logging, ...) needs no answer here.
+
+    def step(self) -> None:
+        """One token for every running request; the ones at their length finish."""
+        from sglang.srt.managers import io_struct
+
+        step: list[tuple[_Running, dict[str, Any] | None, list[int]]] = []
+        for run in list(self.state.running.values()):
+            token = FIRST_TOKEN + run.produced
+            run.produced += 1
+            reason = None
+            if run.produced >= run.max_new_tokens:
+                reason = {"type": "length", "length": run.max_new_tokens}
+                del self.state.running[run.rid]
+            step.append((run, reason, [token]))
+        io_struct.sock_send(self.push, _batch(step))
+        for run, reason, _ in step:
+            if reason is not None:
+                self.events.put(("finished", run.rid))
+
+
 def _serve(
     scheduler_input: str, tokenizer: str, step_s: float, events: Any, ready: Any, go: Any
 ) -> None:
@@ -208,54 +285,9 @@ def _serve(
     push.connect(tokenizer)
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
-    state = _State()
+    answers = _Answers(push, events)
+    state = answers.state
     ready.set()
-
-    def finish(run: _Running, reason: dict[str, Any], event: str) -> None:
-        state.running.pop(run.rid, None)
-        io_struct.sock_send(push, _batch([(run, reason, [])]))
-        events.put((event, run.rid))
-
-    def handle(msg: Any) -> None:
-        if isinstance(msg, io_struct.BatchTokenizedGenerateReqInput):
-            for one in msg.batch:
-                handle(one)
-        elif isinstance(msg, io_struct.TokenizedGenerateReqInput):
-            n = msg.sampling_params.max_new_tokens
-            run = _Running(msg.rid, msg.http_worker_ipc, len(msg.input_ids), int(n or 16))
-            state.running[msg.rid] = run
-            events.put(("received", msg.rid))
-        elif isinstance(msg, io_struct.AbortReq):
-            aborted = {
-                "type": "abort",
-                "message": "aborted by the tokenizer manager",
-                "status_code": None,
-                "err_type": None,
-            }
-            for run in list(state.running.values()):
-                # As the real scheduler does: a batch request's rids share a prefix.
-                if msg.abort_all or (msg.rid and run.rid.startswith(msg.rid)):
-                    finish(run, aborted, "aborted")
-        elif isinstance(msg, io_struct.PauseGenerationReqInput):
-            state.paused = True
-            events.put(("paused", msg.mode))
-        elif isinstance(msg, io_struct.ContinueGenerationReqInput):
-            state.paused = False
-            events.put(("continued", None))
-        elif isinstance(msg, io_struct.UpdateWeightFromDiskReqInput):
-            io_struct.sock_send(
-                push,
-                _reply(
-                    io_struct.UpdateWeightFromDiskReqOutput,
-                    success=True,
-                    message="weights updated by the stand-in scheduler",
-                    num_paused_requests=0,
-                    http_worker_ipc=msg.http_worker_ipc,
-                ),
-            )
-            events.put(("weights", msg.model_path))
-        # Anything else (FreezeGCReq, configure-logging, ...) needs no answer here.
-
     while True:
         busy = bool(state.running) and not state.paused
         if busy and not go.is_set():
@@ -265,23 +297,10 @@ def _serve(
         else:
             timeout = None
         while poller.poll(timeout):
-            handle(io_struct.sock_recv(pull))
+            answers.handle(io_struct.sock_recv(pull))
             timeout = 0
-        if not state.running or state.paused or not go.is_set():
-            continue
-        step: list[tuple[_Running, dict[str, Any] | None, list[int]]] = []
-        for run in list(state.running.values()):
-            token = FIRST_TOKEN + run.produced
-            run.produced += 1
-            reason = None
-            if run.produced >= run.max_new_tokens:
-                reason = {"type": "length", "length": run.max_new_tokens}
-                del state.running[run.rid]
-            step.append((run, reason, [token]))
-        io_struct.sock_send(push, _batch(step))
-        for run, reason, _ in step:
-            if reason is not None:
-                events.put(("finished", run.rid))
+        if state.running and not state.paused and go.is_set():
+            answers.step()
 
 
 class StandInScheduler:
