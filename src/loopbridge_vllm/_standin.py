@@ -19,10 +19,22 @@ The weight-transfer lifecycle follows vLLM's GPU worker: without
 ``update_weights`` or ``finish_weight_update`` without a start, and
 ``shutdown_weight_transfer_engine`` during an update raise; a failed
 ``update_weights`` ends the update.
+
+It also answers the calls OpenRLHF's ``WorkerWrap`` worker extension takes
+(``RolloutRayActor.init_process_group`` / ``update_weight`` reach them through
+``collective_rpc``): ``init_process_group`` joins the trainer's group, over
+gloo (:func:`weight_sync_group`; the worker is rank ``rank_offset``, as a
+single GPU worker is), and each ``update_weight(name, dtype, shape)`` receives
+that tensor by broadcast from rank 0 and loads it. The tensor is received
+before it is checked, so a bad name, dtype or shape is refused with the
+trainer's broadcast complete: the trainer gets the error, never a hang, and the
+weights are unchanged. NCCL, ``ray.util.collective`` and CUDA IPC need GPUs and
+are refused by name.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from collections.abc import Callable
@@ -103,6 +115,31 @@ class _Progress:
     generated: int = 0
 
 
+def weight_sync_group(
+    address: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0
+) -> Any:
+    """A gloo process group of its own (no default group needed), for weights.
+
+    Rank 0 (the trainer) hosts the rendezvous store at ``address:port``; every
+    rank calls this at the same time and it returns once all have joined.
+    """
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # Exported only by torch builds with distributed support (the Linux wheels).
+    store = dist.TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout)  # type: ignore[attr-defined]
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def broadcast_from_trainer(group: Any, tensor: torch.Tensor) -> None:
+    """Broadcast ``tensor`` from rank 0 of ``group`` (in place on the others)."""
+    import torch.distributed as dist
+
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    group.broadcast([tensor], options).wait()
+
+
 class _StandInWorker(WorkerCalls):
     """The worker side: the methods vLLM reaches through ``collective_rpc``."""
 
@@ -121,6 +158,8 @@ class _StandInWorker(WorkerCalls):
         config = getattr(executor, "vllm_config", None)
         transfer = getattr(config, "weight_transfer_config", None)
         self.weight_transfer_engine: Any = None
+        #: OpenRLHF's weight-sync group with the trainer, once joined.
+        self.sync_group: Any = None
         self._weight_update_active = False
         if config is not None and transfer is not None:
             from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
@@ -292,6 +331,7 @@ class _StandInWorker(WorkerCalls):
     execute_dummy_batch = synchronize_device = _noop
 
     def shutdown(self) -> None:
+        self.sync_group = None
         if self.weight_transfer_engine is not None:
             self.weight_transfer_engine.shutdown()
 
@@ -348,6 +388,57 @@ class _StandInWorker(WorkerCalls):
             )
         engine.finish_weight_update()
         self._weight_update_active = False
+
+    # -- OpenRLHF's WorkerWrap calls (its trainer's weight sync) ----------------
+    def init_process_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "nccl",
+        use_ray: bool = False,
+    ) -> None:
+        """Join the trainer's weight-sync group as rank ``rank_offset``."""
+        if use_ray or backend != "gloo":
+            raise ValueError(
+                f"the stand-in worker joins a weight-sync group over gloo only, got "
+                f"backend={backend!r}, use_ray={use_ray}: pass backend='gloo' and "
+                "use_ray=False (NCCL and ray.util.collective need GPUs)"
+            )
+        if self.sync_group is not None:
+            raise RuntimeError(
+                f"init_process_group({group_name!r}): already in a weight-sync group"
+            )
+        self.sync_group = weight_sync_group(master_address, master_port, rank_offset, world_size)
+
+    def update_weight(
+        self, name: str, dtype: torch.dtype, shape: Any, empty_cache: bool = False
+    ) -> None:
+        """Receive ``name`` from the trainer's broadcast, then load it."""
+        if self.sync_group is None:
+            raise RuntimeError("update_weight before init_process_group: join the group first")
+        weight = torch.empty(tuple(shape), dtype=dtype)
+        broadcast_from_trainer(self.sync_group, weight)
+        params = dict(self.model.named_parameters())
+        if name not in params:
+            raise KeyError(
+                f"update_weight: the stand-in model has no weight {name!r} ({sorted(params)})"
+            )
+        target = params[name]
+        if weight.dtype != target.dtype or weight.shape != target.shape:
+            raise ValueError(
+                f"update_weight({name!r}): got {weight.dtype} {tuple(weight.shape)}, the model "
+                f"holds {target.dtype} {tuple(target.shape)}; nothing was loaded"
+            )
+        self.model.load_weights([(name, weight)])
+
+    def update_weight_cuda_ipc(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            "update_weight_cuda_ipc needs CUDA: the stand-in worker takes update_weight "
+            "over a gloo group (init_process_group with backend='gloo')"
+        )
 
 
 class StandInExecutor(Executor):
