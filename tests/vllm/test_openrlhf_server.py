@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -57,7 +56,9 @@ from vllm_engines import RAY_CALL_GUARD_S, RAY_START_GUARD_S, free_port
 
 
 def _lane_list() -> Path:
-    release = ".".join(importlib.metadata.version("vllm").split(".")[:2])
+    from vllm import __version__  # the release, whichever distribution installed it
+
+    release = ".".join(__version__.split(".")[:2])
     return REPO / "requirements" / f"openrlhf-vllm-{release}.txt"
 
 
