@@ -28,6 +28,7 @@ conformance tests can replay them against the real ``DPEngineCoreProc``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal, TypeVar, Union
@@ -98,90 +99,63 @@ class Variant:
         return "pause_generation" if self.admission_reject else "pause_scheduler"
 
 
+_A = Variant(
+    name="a",
+    description="pre two-phase: idle fast-path pause",
+    fast_path_pause=True,
+    start_guard="none",
+    first_req=True,
+    add_rule="v032",
+    admission_reject=False,
+    resume="local",
+)
+_C = Variant(
+    name="c",
+    description="vLLM 0.32.0 as installed",
+    fast_path_pause=False,
+    start_guard="latch",
+    first_req=True,
+    add_rule="v032",
+    admission_reject=False,
+    resume="barrier",
+)
+_C33 = Variant(
+    name="c33",
+    description="vLLM 0.33.0 two-phase",
+    fast_path_pause=False,
+    start_guard="latch",
+    first_req=False,
+    add_rule="v033",
+    admission_reject=True,
+    resume="barrier",
+)
+# The others are one of these with one change, as their descriptions say.
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant(
-            name="a",
-            description="pre two-phase: idle fast-path pause",
-            fast_path_pause=True,
-            start_guard="none",
-            first_req=True,
-            add_rule="v032",
-            admission_reject=False,
-            resume="local",
-        ),
-        Variant(
+        _A,
+        dataclasses.replace(
+            _A,
             name="b",
             description="(a) + ignore START_DP_WAVE while paused",
-            fast_path_pause=True,
             start_guard="pause_state",
-            first_req=True,
-            add_rule="v032",
-            admission_reject=False,
-            resume="local",
         ),
-        Variant(
-            name="c",
-            description="vLLM 0.32.0 as installed",
-            fast_path_pause=False,
-            start_guard="latch",
-            first_req=True,
-            add_rule="v032",
-            admission_reject=False,
-            resume="barrier",
+        _C,
+        _C33,
+        dataclasses.replace(
+            _C, name="d", description="(c) + idempotent resume", resume="idempotent"
         ),
-        Variant(
-            name="c33",
-            description="vLLM 0.33.0 two-phase",
-            fast_path_pause=False,
-            start_guard="latch",
-            first_req=False,
-            add_rule="v033",
-            admission_reject=True,
-            resume="barrier",
+        dataclasses.replace(
+            _C33, name="d33", description="(c33) + idempotent resume", resume="idempotent"
         ),
-        Variant(
-            name="d",
-            description="(c) + idempotent resume",
-            fast_path_pause=False,
-            start_guard="latch",
-            first_req=True,
-            add_rule="v032",
-            admission_reject=False,
-            resume="idempotent",
-        ),
-        Variant(
-            name="d33",
-            description="(c33) + idempotent resume",
-            fast_path_pause=False,
-            start_guard="latch",
-            first_req=False,
-            add_rule="v033",
-            admission_reject=True,
-            resume="idempotent",
-        ),
-        Variant(
-            name="e",
-            description="vLLM 0.32.0 + pause-aware filter",
-            fast_path_pause=False,
-            start_guard="latch",
-            first_req=True,
-            add_rule="v032",
-            admission_reject=False,
-            resume="barrier",
-            filtered=True,
+        dataclasses.replace(
+            _C, name="e", description="vLLM 0.32.0 + pause-aware filter", filtered=True
         ),
         # Checked in the model only: install_filter() refuses 0.33 (see _patch).
-        Variant(
+        dataclasses.replace(
+            _C33,
             name="e33",
             description="vLLM 0.33.0 + pause-aware filter (model only)",
-            fast_path_pause=False,
-            start_guard="latch",
-            first_req=False,
-            add_rule="v033",
-            admission_reject=True,
-            resume="barrier",
             filtered=True,
         ),
     )
