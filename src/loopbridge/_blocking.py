@@ -79,7 +79,7 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
         )
         return member
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> Any:
         return self.__getattr__("__call__")(*args, **kwargs)
 
     def __enter__(self) -> Any:

@@ -18,7 +18,7 @@ import inspect
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "Forwarding",
@@ -40,10 +40,10 @@ class Forwarding:
     args: str  # everything after self, as call arguments: "a, b, *rest, c=c, **kw"
     positional: str  # positional arguments after self, for a tuple: "a, b, *rest, "
     keywords: str  # keyword arguments as a dict display: "{'c': c, **kw}"
-    defaults: dict[str, Any]
+    defaults: dict[str, object]
 
 
-def forwarding(fn: Callable[..., Any]) -> Forwarding:
+def forwarding(fn: Callable[..., object]) -> Forwarding:
     """Describe ``fn``'s signature; raises ``ValueError`` when it can't be mirrored."""
     P = inspect.Parameter
     # The callable's own parameters, not those of a function it wraps: a
@@ -55,7 +55,7 @@ def forwarding(fn: Callable[..., Any]) -> Forwarding:
     positional: list[str] = []
     keywords: list[str] = []  # dict display items
     by_name: list[str] = []  # the same, as call arguments
-    defaults: dict[str, Any] = {}
+    defaults: dict[str, object] = {}
     kwonly_started = posonly_open = False
     for i, p in enumerate(params):
         if p.name.startswith("__lb_"):
@@ -113,8 +113,8 @@ GENERIC = Forwarding(
 
 
 def build(
-    template: str, fn: Callable[..., Any], label: str, *, generic: bool = False, **env: Any
-) -> Callable[..., Any]:
+    template: str, fn: Callable[..., object], label: str, *, generic: bool = False, **env: object
+) -> Callable[..., object]:
     """Compile ``template`` for ``fn`` and return the wrapper ``make(**env)`` returns.
 
     The template defines ``make(<env names>, <default names>)`` and may use the
@@ -134,8 +134,8 @@ def build(
 
 
 def _render(
-    template: str, fn: Callable[..., Any], label: str, fw: Forwarding, env: dict[str, Any]
-) -> Callable[..., Any]:
+    template: str, fn: Callable[..., object], label: str, fw: Forwarding, env: dict[str, object]
+) -> Callable[..., object]:
     names = [*env, *fw.defaults]
     src = template.format(
         make_params=", ".join(names),
@@ -145,18 +145,16 @@ def _render(
         positional=fw.positional,
         keywords=fw.keywords,
     )
-    made: Callable[..., Any] = compile_function(src, f"{label} of {fn.__qualname__}", "make")(
-        **env, **fw.defaults
-    )
-    return made
+    make = compile_function(src, f"{label} of {fn.__qualname__}", "make")
+    return cast("Callable[..., object]", make(**env, **fw.defaults))
 
 
 def compile_function(src: str, label: str, name: str) -> Callable[..., Any]:
-    """Compile ``src`` and return the function it defines as ``name``."""
-    ns: dict[str, Any] = {}
+    """Compile ``src`` and return the function it defines as ``name`` (its type is
+    what ``src`` says, which the caller knows and the checker cannot)."""
+    ns: dict[str, object] = {}
     exec(compile(src, f"<loopbridge {label}>", "exec"), ns)
-    fn: Callable[..., Any] = ns[name]
-    return fn
+    return cast("Callable[..., Any]", ns[name])
 
 
 # ------------------------------------------------------------ inlined prologues
@@ -176,8 +174,8 @@ for _feature in __import__("__future__").all_feature_names:
 
 
 def inline_prologue(
-    fn: Callable[..., Any], prologue: str, env: dict[str, Any]
-) -> Callable[..., Any] | None:
+    fn: Callable[..., object], prologue: str, env: dict[str, object]
+) -> Callable[..., object] | None:
     """``fn`` (an ``async def``: a coroutine or async generator function) with
     ``prologue`` (statements, using the names in ``env``) run at the start of its
     body, at the first step; ``None`` where that can't be done exactly."""
@@ -198,7 +196,7 @@ def inline_prologue(
     return None if made is None else _function(fn, made, env)
 
 
-def _function_node(fn: Callable[..., Any]) -> tuple[ast.AsyncFunctionDef, str | None]:
+def _function_node(fn: types.FunctionType) -> tuple[ast.AsyncFunctionDef, str | None]:
     lines, start = inspect.getsourcelines(fn)
     src = "".join(lines)
     indented = src[:1].isspace()
@@ -230,7 +228,7 @@ def _statements(src: str, at: ast.AST) -> list[ast.stmt]:
 
 
 def _compiled(
-    fn: Callable[..., Any], node: ast.AsyncFunctionDef, klass: str | None, env: dict[str, Any]
+    fn: types.FunctionType, node: ast.AsyncFunctionDef, klass: str | None, env: dict[str, object]
 ) -> types.CodeType | None:
     """Compile ``node`` where ``fn`` was: inside its class (for name mangling and
     ``__class__``), inside a function whose parameters are its free variables."""
@@ -254,7 +252,7 @@ def _compiled(
     return _find_code(top, fn.__name__)
 
 
-def _imported_names(fn: Any) -> list[str]:
+def _imported_names(fn: types.FunctionType) -> list[str]:
     """Globals ``fn`` uses that its module most likely bound by an import."""
     out: list[str] = []
     stack = [fn.__code__]
@@ -303,13 +301,15 @@ def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
     )
 
 
-def _same_const(x: Any, y: Any) -> bool:
+def _same_const(x: object, y: object) -> bool:
     if isinstance(x, types.CodeType) and isinstance(y, types.CodeType):
         return _same_code(x, y)
     return type(x) is type(y) and (x is y or x == y)
 
 
-def _function(fn: Any, code: types.CodeType, env: dict[str, Any]) -> Callable[..., Any] | None:
+def _function(
+    fn: types.FunctionType, code: types.CodeType, env: dict[str, object]
+) -> Callable[..., object] | None:
     own = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
     cells = []
     for name in code.co_freevars:
@@ -348,7 +348,7 @@ def _function(fn: Any, code: types.CodeType, env: dict[str, Any]) -> Callable[..
 # * only C ``__new__`` functions are called, never one written in Python.
 
 #: Makes an empty instance of the given class.
-Maker = Callable[[type], Any]
+Maker = Callable[[type], object]
 
 
 def _c_makers(cls: type) -> list[Maker]:
@@ -372,7 +372,7 @@ def _maker_for(pcls: type) -> Maker | None:
     return None
 
 
-def make_class(cls: type, name: str, ns: dict[str, Any]) -> tuple[type, Maker]:
+def make_class(cls: type, name: str, ns: dict[str, object]) -> tuple[type, Maker]:
     """A subclass of ``cls`` named ``name`` with members ``ns`` (which has ``__slots__``),
     and the function that makes its empty instances.
 

@@ -8,7 +8,7 @@ import functools
 import inspect
 import types
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar, overload
+from typing import TypeVar, overload
 
 from ._affinity import guarded, original
 from ._compat import get_running_loop
@@ -219,7 +219,7 @@ def _wrap_init(klass: type) -> None:
         return  # wrapped already (a decorated subclass's, by its base's hook)
 
     @functools.wraps(original_init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
         if ownership_of(self) is None:
             _own_new_instance(self)
         original_init(self, *args, **kwargs)
@@ -250,7 +250,7 @@ def _guard_subclasses(klass: type) -> None:
     when the subclass is made (``__init_subclass__``)."""
     own = klass.__dict__.get("__init_subclass__")
 
-    def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:
+    def __init_subclass__(cls: type, /, **kwargs: object) -> None:
         if own is not None:
             own.__func__(cls, **kwargs)
         else:
@@ -265,7 +265,7 @@ def _guard_subclasses(klass: type) -> None:
     klass.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
 
 
-def _own_new_instance(obj: Any) -> None:
+def _own_new_instance(obj: object) -> None:
     """Attach a new instance's own record: owned by the running loop, if any."""
     cls = type(obj)
     s, t, r = _class_spec(cls)
@@ -282,11 +282,11 @@ def _own_new_instance(obj: Any) -> None:
 
 
 def _reduce_without_record(klass: type) -> None:
-    base: Callable[[Any, Any], Any] = klass.__reduce_ex__  # type: ignore[assignment]
+    base: Callable[[object, int], object] = klass.__reduce_ex__  # type: ignore[assignment]
     if getattr(base, "__loopbridge_reduce__", False):
         return  # a decorated base's already does it
 
-    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+    def __reduce_ex__(self: object, protocol: int) -> object:
         rv = base(self, protocol)
         if isinstance(rv, str) or not isinstance(rv, tuple) or len(rv) < 2:
             return rv  # a global's name, or what the class's own reduce made of it
@@ -300,7 +300,7 @@ def _reduce_without_record(klass: type) -> None:
     klass.__reduce_ex__ = __reduce_ex__  # type: ignore[method-assign, assignment]
 
 
-def _state_without_record(state: Any) -> Any:
+def _state_without_record(state: object) -> object:
     if type(state) is dict and _ATTR in state:
         return {k: v for k, v in state.items() if k != _ATTR}
     if type(state) is tuple and len(state) == 2:  # (__dict__, slots)
@@ -308,7 +308,7 @@ def _state_without_record(state: Any) -> Any:
     return state
 
 
-def _remade(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def _remade(fn: Callable[..., object], args: tuple[object, ...]) -> object:
     """Make the copy (or unpickled object) as the class's reduce says; give it its record."""
     obj = fn(*args)
     if ownership_of(obj) is None:  # not made by __init__ (copyreg.__newobj__)

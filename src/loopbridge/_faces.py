@@ -25,7 +25,7 @@ import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ._affinity import original
 from ._calls import route_call, route_exit
@@ -86,7 +86,7 @@ class Spec:
 
     cls: type
     name: str
-    raw: Any  # the class attribute: a function, a descriptor, a C method, data
+    raw: object  # the class attribute: a function, a descriptor, a C method, data
     ownership: Ownership
     own: Own  # shapes a result by its rule (loopbridge._proxy.result_by_rule)
 
@@ -277,7 +277,9 @@ def _pending_member(name: str, fn: Callable[..., object], rule: Owned, own: Own)
     return _describe(member, name, fn), Crossing(Wait.PENDING, fn, fn, rule=rule)
 
 
-def await_member(cls: type, raw: Any, rule: Owned | None, own: Own | None) -> Built:
+def await_member(
+    cls: type, raw: Callable[[object], object], rule: Owned | None, own: Own | None
+) -> Built:
     """``__await__`` of a proxy (or of an uncovered result, with no rule): awaiting
     the object runs on the owner loop; ``own`` shapes what it gives by ``rule``."""
     what = f"awaiting a {cls.__qualname__} object"
@@ -356,7 +358,8 @@ def _iteration(s: Spec) -> Built:
 
 
 def _await(s: Spec) -> Built:
-    return await_member(s.cls, s.raw, s.ownership.returns.get("__await__"), s.own)
+    raw = cast("Callable[[object], object]", s.raw)  # a sync __await__ (see _members)
+    return await_member(s.cls, raw, s.ownership.returns.get("__await__"), s.own)
 
 
 def _owned_call(s: Spec) -> Built:

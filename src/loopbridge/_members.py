@@ -8,7 +8,6 @@ from __future__ import annotations
 import enum
 import inspect
 import types
-from typing import Any
 
 from ._affinity import original
 from ._errors import LoopAffinityError
@@ -63,7 +62,7 @@ PROXY_OWNED_DUNDERS = frozenset(
 )
 
 
-def classify(cls: type, ownership: Ownership) -> dict[str, tuple[MemberKind, Any]]:
+def classify(cls: type, ownership: Ownership) -> dict[str, tuple[MemberKind, object]]:
     """Every member of ``cls`` (MRO order, first definition wins) with its kind.
 
     Returns ``{name: (kind, raw)}`` where ``raw`` is the unwrapped function for
@@ -77,7 +76,7 @@ def classify(cls: type, ownership: Ownership) -> dict[str, tuple[MemberKind, Any
     that are not methods (``__module__``, ``__slots__``, ``__hash__ = None``) and
     those the proxy defines itself (:data:`PROXY_OWNED_DUNDERS`) are left out.
     """
-    out: dict[str, tuple[MemberKind, Any]] = {}
+    out: dict[str, tuple[MemberKind, object]] = {}
     for klass in cls.__mro__:
         if klass is object:
             continue
@@ -98,7 +97,7 @@ def classify(cls: type, ownership: Ownership) -> dict[str, tuple[MemberKind, Any
 _C_METHODS = (types.WrapperDescriptorType, types.MethodDescriptorType)
 
 
-def _dunder_kind(name: str, raw: Any, ownership: Ownership) -> MemberKind | None:
+def _dunder_kind(name: str, raw: object, ownership: Ownership) -> MemberKind | None:
     if name in PROXY_OWNED_DUNDERS or isinstance(raw, (staticmethod, classmethod)):
         return None
     fn = original(raw)
@@ -116,7 +115,7 @@ def _dunder_kind(name: str, raw: Any, ownership: Ownership) -> MemberKind | None
     return _kind(name, raw, ownership)
 
 
-def _is_async(fn: Any) -> bool:
+def _is_async(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
 
 
@@ -128,7 +127,7 @@ def _declared(name: str, ownership: Ownership) -> MemberKind | None:
     return None
 
 
-def _kind(name: str, raw: Any, ownership: Ownership) -> MemberKind:
+def _kind(name: str, raw: object, ownership: Ownership) -> MemberKind:
     fn = original(raw)
     declared = _declared(name, ownership)
     if name in ownership.returns:
@@ -146,7 +145,7 @@ def _kind(name: str, raw: Any, ownership: Ownership) -> MemberKind:
     return MemberKind.CLASS_LEVEL
 
 
-def _owned_kind(name: str, raw: Any, fn: Any, declared: MemberKind | None) -> MemberKind:
+def _owned_kind(name: str, raw: object, fn: object, declared: MemberKind | None) -> MemberKind:
     """The kind of a member that has a ``returns`` rule; a rule that can't apply is an error."""
     if declared is not None:
         raise LoopAffinityError(
@@ -203,7 +202,7 @@ def is_special(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
 
 
-def loop_bound_result(raw: Any) -> str | None:
+def loop_bound_result(raw: object) -> str | None:
     """Why the sync member ``raw`` seems to give back an object bound to the owner loop."""
     fn = raw.fget if isinstance(raw, property) else getattr(raw, "__func__", raw)
     seen = 0
@@ -223,7 +222,7 @@ def loop_bound_result(raw: Any) -> str | None:
     return None
 
 
-def refusal(cls_name: str, name: str, raw: Any = None, how: str = "") -> LoopAffinityError:
+def refusal(cls_name: str, name: str, raw: object = None, how: str = "") -> LoopAffinityError:
     """The error for touching the undeclared sync member ``name`` through a proxy.
 
     ``raw``: the class attribute, to tell a member whose result is loop-bound;
@@ -262,26 +261,26 @@ class Refused:
 
     __slots__ = ("name", "owner_name", "raw")
 
-    def __init__(self, name: str, owner_name: str, raw: Any) -> None:
+    def __init__(self, name: str, owner_name: str, raw: object) -> None:
         self.name = name
         self.owner_name = owner_name
         self.raw = raw
 
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+    def __get__(self, obj: object, objtype: object = None) -> object:
         if obj is None:
             return self
         raise refusal(self.owner_name, self.name, self.raw)
 
-    def __set__(self, obj: Any, value: Any) -> None:
+    def __set__(self, obj: object, value: object) -> None:
         raise refusal(self.owner_name, self.name, self.raw)
 
 
-def refused_member(cls_name: str, name: str, raw: Any) -> Any:
+def refused_member(cls_name: str, name: str, raw: object) -> object:
     """A refused member: a raising method for a special method, else a :class:`Refused`."""
     if not is_special(name):
         return Refused(name, cls_name, raw)
 
-    def refused(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def refused(self: object, *args: object, **kwargs: object) -> object:
         raise refusal(cls_name, name, raw)
 
     refused.__name__ = name

@@ -292,7 +292,7 @@ def proxy(
 
 def _new_proxy(obj: T, ownership: Ownership, window: int, grace: float, eager: bool) -> T:
     pcls, maker = _proxy_class(type(obj), ownership)
-    p: T = maker(pcls)  # an empty instance of a subclass of type(obj)
+    p = cast(T, maker(pcls))  # an empty instance of a subclass of type(obj)
     setattr_ = object.__setattr__
     setattr_(p, "_lb_target", obj)
     setattr_(p, "_lb_ownership", ownership)

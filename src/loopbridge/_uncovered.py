@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from ._codegen import Maker, make_class
 from ._errors import LoopAffinityError
@@ -114,7 +115,9 @@ def _tripwire_class(cls: type) -> tuple[type, Maker]:
     crossings: dict[str, Crossing] = {}
     for name, (kind, raw) in classify(cls, empty).items():
         if kind is MemberKind.AWAIT:
-            ns[name], crossing = await_member(cls, raw, None, None)
+            ns[name], crossing = await_member(
+                cls, cast("Callable[[object], object]", raw), None, None
+            )
             assert crossing is not None
             crossings[name] = crossing
         else:
