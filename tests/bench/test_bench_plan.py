@@ -14,11 +14,13 @@ import pytest
 from loopbridge_adapters.bench.load import (
     ID_TOKENS,
     Job,
+    Sample,
     arrival_times,
     length_bounds,
     prompt_tokens,
     request_lengths,
 )
+from loopbridge_adapters.bench.record import JobRecord
 from loopbridge_vllm.bench._devices import (
     Gpu,
     parse_fake_gpus,
@@ -230,32 +232,30 @@ def test_kv_cache_sizes_must_match() -> None:
         check_kv({"stock": {"tokens": 98_000}, "threaded": {"tokens": 100_000}})
 
 
-def _rec(mode: str, ttft: float, gap: float, cpu: float) -> dict[str, Any]:
+def _rec(mode: str, ttft: float, gap: float, cpu: float) -> JobRecord:
     samples = [
-        {
-            "start": 0.0,
-            "ttft": ttft,
-            "e2e": ttft + 3 * gap,
-            "tokens": 4,
-            "error": None,
-            "itl": [gap, gap, gap * (3 if i == 9 else 1)],
-        }
+        Sample(
+            start=0.0,
+            ttft=ttft,
+            e2e=ttft + 3 * gap,
+            tokens=4,
+            error=None,
+            itl=[gap, gap, gap * (3 if i == 9 else 1)],
+        )
         for i in range(10)
     ]
-    return {
-        "round": 0,
-        "warmup": False,
-        "stream": True,
-        "concurrency": 2,
-        "busy": False,
-        "mode": mode,
-        "wall_s": 1.0,
-        "ok": 10,
-        "tokens": 40,
-        "server_cpu_s": cpu,
-        "engine_died": False,
-        "samples": samples,
-    }
+    return JobRecord(
+        round=0,
+        warmup=False,
+        stream=True,
+        concurrency=2,
+        busy=False,
+        mode=mode,
+        wall_s=1.0,
+        server_cpu_s=cpu,
+        engine_died=False,
+        samples=samples,
+    )
 
 
 def test_tpot_itl_cpu_and_their_ratios() -> None:

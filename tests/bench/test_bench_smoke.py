@@ -507,20 +507,22 @@ def test_percentile_and_summary() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
 
-    def rec(mode: str, e2e: float, warmup: bool = False) -> dict[str, object]:
-        samples = [{"start": 0.0, "ttft": e2e / 2, "e2e": e2e, "tokens": 4, "error": None}] * 10
-        return {
-            "round": 0,
-            "warmup": warmup,
-            "concurrency": 2,
-            "busy": False,
-            "mode": mode,
-            "wall_s": 1.0,
-            "ok": 10,
-            "tokens": 40,
-            "engine_died": False,
-            "samples": samples,
-        }
+    from loopbridge_adapters.bench.load import Sample
+    from loopbridge_adapters.bench.record import JobRecord
+
+    def rec(mode: str, e2e: float, warmup: bool = False) -> JobRecord:
+        samples = [Sample(start=0.0, ttft=e2e / 2, e2e=e2e, tokens=4, error=None)] * 10
+        return JobRecord(
+            round=0,
+            warmup=warmup,
+            stream=True,
+            concurrency=2,
+            busy=False,
+            mode=mode,
+            wall_s=1.0,
+            engine_died=False,
+            samples=samples,
+        )
 
     rows = summarize(
         [

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +20,7 @@ pytest.importorskip("vllm")
 
 
 from loopbridge_adapters.bench.load import REQUEST_ID_HEADER, request_id
+from loopbridge_adapters.bench.record import JobRecord
 from loopbridge_vllm.bench._stages import (
     STAGES,
     StageProbe,
@@ -23,6 +29,8 @@ from loopbridge_vllm.bench._stages import (
     stages_markdown,
     stages_of,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_stages_chain_the_marks_in_order() -> None:
@@ -130,15 +138,17 @@ def test_middleware_marks_arrival_and_first_body_chunk_of_the_benchmarks_request
 
 
 def test_stage_rows_pool_measured_requests_per_scenario_and_mode() -> None:
-    def rec(mode: str, warmup: bool, values: list[float]) -> dict[str, Any]:
-        return {
-            "mode": mode,
-            "warmup": warmup,
-            "concurrency": 16,
-            "busy": False,
-            "stream": True,
-            "stages": [{"output handler": v} for v in values],
-        }
+    def rec(mode: str, warmup: bool, values: list[float]) -> JobRecord:
+        return JobRecord(
+            round=0,
+            warmup=warmup,
+            mode=mode,
+            stream=True,
+            concurrency=16,
+            wall_s=1.0,
+            samples=[],
+            stages=[{"output handler": v} for v in values],
+        )
 
     rows = stage_rows(
         [
@@ -157,3 +167,45 @@ def test_stage_rows_pool_measured_requests_per_scenario_and_mode() -> None:
     table = stages_markdown(rows)
     assert any(line.startswith("| stream-c16 | per-hop | ") for line in table)
     assert stages_markdown([]) == []
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(480)
+def test_own_loop_topology_with_the_stage_probe_end_to_end(tmp_path: Path) -> None:
+    """The busy actor on a loop of its own, the engine on its own loop, every request
+    marked at every stage: each request's stages add up to its TTFT, none negative."""
+    out = tmp_path / "latency"
+    cmd = [
+        sys.executable,
+        "-m",
+        "loopbridge_vllm.bench",
+        *("--requests", "4", "--concurrency", "2", "--rounds", "1", "--warmup-rounds", "0"),
+        *("--output-len", "4", "--prompt-len", "8", "--step-ms", "1", "--stream", "on"),
+        *("--busy", "own-loop", "--busy-slice-ms", "1", "--busy-period-ms", "5"),
+        *("--refit-every-s", "0.2", "--refit-pause-ms", "10"),
+        *("--modes", "per-hop,loopbridge", "--correctness", "off", "--stages", "on"),
+        *("--switch-interval-ms", "1", "--no-plots", "--timeout", "30"),
+        *("--cache-dir", str(REPO / ".cache"), "--out", str(out)),
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((out / "latency.json").read_text())
+    meta = result["meta"]
+    assert meta["switch_interval_ms"] == 1.0 and set(meta["load_average"]) == {"start", "end"}
+    assert meta["busy_counters"]["slices"] > 0 and meta["busy_counters"]["refits"] > 0
+    rows = {(r["scenario"], r["mode"]): r for r in result["rows"]}
+    assert set(rows) == {("stream-c2-busy-own-loop", m) for m in ("per-hop", "loopbridge")}
+    assert all(r["errors"] == 0 and r["own_loop"] for r in rows.values())
+    for rec in result["records"]:
+        assert len(rec["stages"]) == len(rec["samples"]) == 4
+        for sample, stages in zip(rec["samples"], rec["stages"]):
+            assert list(stages) == [name for name, _, _ in STAGES]  # every mark was made
+            assert min(stages.values()) >= 0
+            assert sum(stages.values()) == pytest.approx(sample["ttft"], abs=1e-6)
+    stage_table = {(r["scenario"], r["mode"]) for r in result["stages"]}
+    assert stage_table == set(rows)
+    assert "Where the first token's time goes" in (out / "latency.md").read_text()

@@ -1,9 +1,7 @@
 """Statistics over the load generator's samples: percentiles, rows per scenario and
 mode, ratios between modes measured in the same run, and their formatting.
 
-A record is one job: ``{"mode", "concurrency", "busy", "stream", "endpoint",
-"rate_fraction", "warmup", "wall_s", "ok", "tokens", "samples", ...}`` with the
-samples as :class:`~loopbridge_adapters.bench.load.Sample` dicts.  Invariants:
+A record is one job: a :class:`~loopbridge_adapters.bench.record.JobRecord`.  Invariants:
 warm-up records never count; a ratio compares two modes of one scenario (rounds
 interleave the modes, so drift hits both); a ratio against a baseline below
 :data:`RATIO_FLOOR` or against no data is NaN, never a number.
@@ -17,7 +15,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .load import Sample
+    from .record import JobRecord
 
 __all__ = [
     "COMPARED",
@@ -65,15 +67,8 @@ def scenario_key(
     return f"{'stream' if stream else 'nostream'}{chat}-{load}{tail}"
 
 
-def rec_key(rec: dict[str, Any]) -> str:
-    return scenario_key(
-        rec.get("stream", True),
-        rec["concurrency"],
-        rec["busy"],
-        rec.get("endpoint", "completions"),
-        rec.get("rate_fraction"),
-        rec.get("own_loop", False),
-    )
+def rec_key(rec: JobRecord) -> str:
+    return rec.key
 
 
 #: Statistics compared with the baselines, as ``{stat}_vs_{baseline}``.
@@ -90,15 +85,15 @@ COMPARED = (
 )
 
 
-def request_tpot(s: dict[str, Any]) -> float | None:
+def request_tpot(s: Sample) -> float | None:
     """Time per output token after the first: vLLM's ``bench serve`` definition."""
-    if s["tokens"] < 2:
+    if s.tokens < 2:
         return None
-    return float((s["e2e"] - s["ttft"]) / (s["tokens"] - 1))
+    return float((s.e2e - s.ttft) / (s.tokens - 1))
 
 
 def summarize(
-    records: list[dict[str, Any]], modes: Sequence[str], baselines: Sequence[str]
+    records: Sequence[JobRecord], modes: Sequence[str], baselines: Sequence[str]
 ) -> list[dict[str, Any]]:
     """One row per (scenario, mode): pooled percentiles over all measured rounds.
 
@@ -111,69 +106,80 @@ def summarize(
     gets ``{stat}_vs_{baseline}`` ratios against every mode of ``baselines`` present
     (the baseline's name without dashes: ``per-hop`` gives ``_vs_perhop``).
     """
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    rows = [_row(key[-1], recs) for key, recs in sorted(_groups(records, modes).items())]
+    _add_ratios(rows, baselines)
+    return rows
+
+
+def _groups(
+    records: Sequence[JobRecord], modes: Sequence[str]
+) -> dict[tuple[Any, ...], list[JobRecord]]:
+    """The measured records by scenario and mode, keyed in the order rows are listed."""
+    groups: dict[tuple[Any, ...], list[JobRecord]] = {}
     order = {m: i for i, m in enumerate(modes)}
     for rec in records:
-        if rec["warmup"]:
+        if rec.warmup:
             continue
-        rf = rec.get("rate_fraction")
+        rf = rec.rate_fraction
         key = (
-            rec["busy"],
-            rec.get("own_loop", False),
-            rec.get("endpoint", "completions") != "completions",
+            rec.busy,
+            rec.own_loop,
+            rec.endpoint != "completions",
             rf is not None,
-            not rec.get("stream", True),
+            not rec.stream,
             rf or 0.0,
-            rec["concurrency"],
-            order.get(rec["mode"], 9),
-            rec["mode"],
+            rec.concurrency,
+            order.get(rec.mode, 9),
+            rec.mode,
         )
         groups.setdefault(key, []).append(rec)
-    rows: list[dict[str, Any]] = []
-    for key, recs in sorted(groups.items(), key=lambda kv: kv[0]):
-        mode = key[-1]
-        first = recs[0]
-        ok = [s for r in recs for s in r["samples"] if s["error"] is None]
-        errors = [s["error"] for r in recs for s in r["samples"] if s["error"] is not None]
-        e2e = [s["e2e"] for s in ok]
-        ttft = [s["ttft"] for s in ok]
-        tpot = (
-            [t for t in map(request_tpot, ok) if t is not None] if first.get("stream", True) else []
-        )
-        itl = [x for s in ok for x in s.get("itl", ())]
-        rates = [r["ok"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
-        tok_rates = [r["tokens"] / r["wall_s"] for r in recs if r["wall_s"] > 0]
-        cpu = [r["server_cpu_s"] for r in recs if r.get("server_cpu_s") is not None]
-        p99_rounds = [
-            percentile([s["e2e"] for s in r["samples"] if s["error"] is None], 99) for r in recs
-        ]
-        row: dict[str, Any] = {
-            "scenario": rec_key(first),
-            "stream": first.get("stream", True),
-            "concurrency": first["concurrency"],
-            "busy": first["busy"],
-            "own_loop": first.get("own_loop", False),
-            "endpoint": first.get("endpoint", "completions"),
-            "rate_fraction": first.get("rate_fraction"),
-            "offered_rps": first.get("offered_rps"),
-            "mode": mode,
-            "rounds": len(recs),
-            "requests": sum(len(r["samples"]) for r in recs),
-            "ok": len(ok),
-            "errors": len(errors),
-            "error_examples": sorted(set(errors))[:3],
-            "engine_died": sum(1 for r in recs if r.get("engine_died")),
-            "rate_rps": statistics.median(rates) if rates else math.nan,
-            "rate_rps_rounds": rates,
-            "tokens_per_s": statistics.median(tok_rates) if tok_rates else math.nan,
-            "cpu_per_request": sum(cpu) / len(ok) if cpu and ok else math.nan,
-            "e2e_p99_rounds": p99_rounds,
-        }
-        for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
-            for q in (50, 95, 99):
-                row[f"{name}_p{q}"] = percentile(xs, q)
-            row[f"{name}_max"] = max(xs) if xs else math.nan
-        rows.append(row)
+    return groups
+
+
+def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
+    """One scenario's and mode's row: pooled percentiles, rates, CPU per request."""
+    first = recs[0]
+    ok = [s for r in recs for s in r.samples if s.error is None]
+    errors = [s.error for r in recs for s in r.samples if s.error is not None]
+    e2e = [s.e2e for s in ok]
+    ttft = [s.ttft for s in ok]
+    tpot = [t for t in map(request_tpot, ok) if t is not None] if first.stream else []
+    itl = [x for s in ok for x in s.itl]
+    rates = [r.ok / r.wall_s for r in recs if r.wall_s > 0]
+    tok_rates = [r.tokens / r.wall_s for r in recs if r.wall_s > 0]
+    cpu = [r.server_cpu_s for r in recs if r.server_cpu_s is not None]
+    p99_rounds = [percentile([s.e2e for s in r.samples if s.error is None], 99) for r in recs]
+    row: dict[str, Any] = {
+        "scenario": first.key,
+        "stream": first.stream,
+        "concurrency": first.concurrency,
+        "busy": first.busy,
+        "own_loop": first.own_loop,
+        "endpoint": first.endpoint,
+        "rate_fraction": first.rate_fraction,
+        "offered_rps": first.offered_rps,
+        "mode": mode,
+        "rounds": len(recs),
+        "requests": sum(len(r.samples) for r in recs),
+        "ok": len(ok),
+        "errors": len(errors),
+        "error_examples": sorted(set(errors))[:3],
+        "engine_died": sum(1 for r in recs if r.engine_died),
+        "rate_rps": statistics.median(rates) if rates else math.nan,
+        "rate_rps_rounds": rates,
+        "tokens_per_s": statistics.median(tok_rates) if tok_rates else math.nan,
+        "cpu_per_request": sum(cpu) / len(ok) if cpu and ok else math.nan,
+        "e2e_p99_rounds": p99_rounds,
+    }
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
+        for q in (50, 95, 99):
+            row[f"{name}_p{q}"] = percentile(xs, q)
+        row[f"{name}_max"] = max(xs) if xs else math.nan
+    return row
+
+
+def _add_ratios(rows: list[dict[str, Any]], baselines: Sequence[str]) -> None:
+    """Each row's ``{stat}_vs_{baseline}`` against the baselines' rows of its scenario."""
     by = {(r["scenario"], r["mode"]): r for r in rows}
     for r in rows:
         for base in baselines:
@@ -188,7 +194,6 @@ def summarize(
             paired = [ratio(x, y) for x, y in zip(r["e2e_p99_rounds"], b["e2e_p99_rounds"])]
             paired = [x for x in paired if not math.isnan(x)]
             r[f"p99_vs_{tag}_round_median"] = statistics.median(paired) if paired else math.nan
-    return rows
 
 
 #: Below this (seconds) a baseline is timer noise, not a time: no ratio against it.

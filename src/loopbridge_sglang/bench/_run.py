@@ -19,7 +19,6 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from loopbridge_adapters.bench.args import (
 )
 from loopbridge_adapters.bench.console import Console
 from loopbridge_adapters.bench.load import Job, LoadProcess
+from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed, rounds, versions
 from loopbridge_adapters.bench.summary import scenario_key, summarize
 
 from ._report import markdown, target_checks, terminal_report
@@ -130,10 +130,9 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
     """The run; ``console`` routes its logs to files (none: they stay where they are)."""
     console = console or Console(None)
     scenarios = [(stream, c) for stream in _streams(args) for c in args.concurrency]
-    total_rounds = args.warmup_rounds + args.rounds
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    records: list[dict[str, Any]] = []
+    records: list[JobRecord] = []
     next_id = 0
     t_start = time.perf_counter()
     console.phase("sglang")
@@ -149,65 +148,18 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
             with stack.serving(mode) as url:
                 reports[mode] = _report_config(url)
         config = stack.check_same(reports)
-        for rnd in range(total_rounds):
-            warm = rnd < args.warmup_rounds
-            for si, (stream, c) in enumerate(scenarios):
-                n = requests_for(args, c, warm)
-                k = (rnd + si) % len(MODES)
-                for mode in MODES[k:] + MODES[:k]:
-                    console.say(
-                        f"round {rnd + 1}/{total_rounds}{' (warm-up)' if warm else ''} "
-                        f"{scenario_key(stream, c, False)} {mode}"
+        cells = rounds(scenarios, MODES, rounds=args.rounds, warmup_rounds=args.warmup_rounds)
+        for cell in cells:
+            for mode in cell.modes:
+                rec = _job(args, console, stack, load, gc_clock, cell, mode, next_id)
+                next_id += len(rec.samples)
+                records.append(rec)
+                partial.write(json.dumps(rec.as_json()) + "\n")
+                partial.flush()
+                if rec.engine_died:
+                    raise RuntimeError(
+                        f"the manager or its stand-in died during {mode}; see {console.current}"
                     )
-                    with stack.serving(mode) as url:
-                        job = Job(
-                            url=url,
-                            model="",
-                            requests=n,
-                            concurrency=c,
-                            prompt_len=args.prompt_len,
-                            output_len=args.output_len,
-                            stream=stream,
-                            timeout_s=args.timeout,
-                            seed=args.seed * 1_000_003 + rnd * 1000 + si,
-                            first_id=next_id,
-                            endpoint=_ENDPOINT,
-                        )
-                        cpu0, gc0 = time.process_time(), gc_clock.snapshot()
-                        wall, samples = load.run(job)
-                        cpu = time.process_time() - cpu0
-                        gc_full, gc_full_s = gc_clock.since(gc0)
-                    next_id += n
-                    died = not stack.healthy
-                    ok = [s for s in samples if s.error is None]
-                    records.append(
-                        {
-                            "round": rnd,
-                            "warmup": warm,
-                            "stream": stream,
-                            "concurrency": c,
-                            "busy": False,
-                            "endpoint": _ENDPOINT,
-                            "rate_fraction": None,
-                            "offered_rps": None,
-                            "mode": mode,
-                            "wall_s": wall,
-                            "ok": len(ok),
-                            "tokens": sum(s.tokens for s in ok),
-                            "server_cpu_s": cpu,
-                            # Full (generation 2) collections in this process during the job.
-                            "gc_full": gc_full,
-                            "gc_full_s": gc_full_s,
-                            "engine_died": died,
-                            "samples": [asdict(s) for s in samples],
-                        }
-                    )
-                    partial.write(json.dumps(records[-1]) + "\n")
-                    partial.flush()
-                    if died:
-                        raise RuntimeError(
-                            f"the manager or its stand-in died during {mode}; see {console.current}"
-                        )
     finally:
         gc_clock.close()
         partial.close()
@@ -220,8 +172,8 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         "config": config,
         "step_ms": args.step_ms,
         "gc_frozen": args.gc_freeze,
-        "gc_full_collections": sum(r["gc_full"] for r in records if not r["warmup"]),
-        "gc_full_s": sum(r["gc_full_s"] for r in records if not r["warmup"]),
+        "gc_full_collections": int(sum(r.extra["gc_full"] for r in records if not r.warmup)),
+        "gc_full_s": sum(r.extra["gc_full_s"] for r in records if not r.warmup),
         "stream": args.stream,
         "endpoint": "/generate",
         "prompt_len": args.prompt_len,
@@ -242,6 +194,57 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         "argv": list(args.argv),
     }
     return {"meta": meta, "rows": rows, "targets": target_checks(rows), "records": records}
+
+
+def _job(
+    args: argparse.Namespace,
+    console: Console,
+    stack: Stack,
+    load: LoadProcess,
+    gc_clock: _GcClock,
+    cell: Cell[tuple[bool, int]],
+    mode: str,
+    first_id: int,
+) -> JobRecord:
+    """One mode's job of ``cell``, measured: its record."""
+    stream, c = cell.scenario
+    n = requests_for(args, c, cell.warmup)
+    console.say(
+        f"round {cell.round + 1}/{args.warmup_rounds + args.rounds}"
+        f"{' (warm-up)' if cell.warmup else ''} {scenario_key(stream, c, False)} {mode}"
+    )
+    with stack.serving(mode) as url:
+        job = Job(
+            url=url,
+            model="",
+            requests=n,
+            concurrency=c,
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            stream=stream,
+            timeout_s=args.timeout,
+            seed=job_seed(args.seed, cell),
+            first_id=first_id,
+            endpoint=_ENDPOINT,
+        )
+        cpu0, gc0 = time.process_time(), gc_clock.snapshot()
+        wall, samples = load.run(job)
+        cpu = time.process_time() - cpu0
+        gc_full, gc_full_s = gc_clock.since(gc0)
+    return JobRecord(
+        round=cell.round,
+        warmup=cell.warmup,
+        mode=mode,
+        stream=stream,
+        concurrency=c,
+        wall_s=wall,
+        samples=samples,
+        server_cpu_s=cpu,
+        engine_died=not stack.healthy,
+        endpoint=_ENDPOINT,
+        # Full (generation 2) collections in this process during the job.
+        extra={"gc_full": gc_full, "gc_full_s": gc_full_s},
+    )
 
 
 class _GcClock:
@@ -274,15 +277,7 @@ class _GcClock:
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("sglang", "torch", "uvicorn", "uvloop", "fastapi", "loopbridge"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return out
+    return versions("sglang", "torch", "uvicorn", "uvloop", "fastapi")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -294,7 +289,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result = run(args, console)
         (args.out / "latency.json").write_text(
             json.dumps(
-                {k: result[k] for k in ("meta", "rows", "targets", "records")},
+                {
+                    "meta": result["meta"],
+                    "rows": result["rows"],
+                    "targets": result["targets"],
+                    "records": [rec.as_json() for rec in result["records"]],
+                },
                 indent=1,
                 default=str,
             )

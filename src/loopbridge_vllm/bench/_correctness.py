@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from loopbridge_adapters.bench.console import tail
-from loopbridge_adapters.bench.load import Job, LoadProcess
+from loopbridge_adapters.bench.load import Job, LoadProcess, Sample
 
 from ._amplifier import CollectorSetHold
 from ._report import versions_line
@@ -127,39 +127,47 @@ def run_correctness(
             )
             with CollectorSetHold() as hook:
                 _, samples = load.run(job)
-            alive = stack.healthy
-            bad = [s.error for s in samples if s.error is not None]
-            race = next((c for c in errors.causes if _RACE_ERROR in str(c)), None)
-            cause = race or (errors.causes[0] if errors.causes else None)
-            if mode == "loopbridge":
-                verdict = Verdict.SAFE if not bad and alive else Verdict.FAILED
-                expected = verdict is Verdict.SAFE
-            else:
-                verdict = (
-                    Verdict.BROKEN if race is not None and not alive else Verdict.NOT_REPRODUCED
-                )
-                expected = verdict is Verdict.BROKEN
-            outcomes.append(
-                Outcome(
-                    mode=mode,
-                    requests=len(samples),
-                    ok=len(samples) - len(bad),
-                    errors=len(bad),
-                    error_examples=sorted(set(bad))[:3],
-                    engine_alive=alive,
-                    handler_error=None if cause is None else f"{type(cause).__name__}: {cause}",
-                    collector_sets=hook.collector_sets,
-                    foreign_sets=hook.foreign_sets,
-                    overlaps=hook.overlaps,
-                    verdict=verdict,
-                    expected=expected,
-                    log=None if files[mode] is None else str(files[mode]),
-                )
-            )
+            log_path = None if files[mode] is None else str(files[mode])
+            outcomes.append(_outcome(mode, samples, stack.healthy, errors, hook, log_path))
     finally:
         handler_log.removeHandler(errors)
         stack.stop()
     return outcomes
+
+
+def _outcome(
+    mode: str,
+    samples: list[Sample],
+    alive: bool,
+    errors: _Errors,
+    hook: CollectorSetHold,
+    log: str | None,
+) -> Outcome:
+    """One mode's verdict: loopbridge must be safe; the raw engine must break by the race."""
+    bad = [s.error for s in samples if s.error is not None]
+    race = next((c for c in errors.causes if _RACE_ERROR in str(c)), None)
+    cause = race or (errors.causes[0] if errors.causes else None)
+    if mode == "loopbridge":
+        verdict = Verdict.SAFE if not bad and alive else Verdict.FAILED
+        expected = verdict is Verdict.SAFE
+    else:
+        verdict = Verdict.BROKEN if race is not None and not alive else Verdict.NOT_REPRODUCED
+        expected = verdict is Verdict.BROKEN
+    return Outcome(
+        mode=mode,
+        requests=len(samples),
+        ok=len(samples) - len(bad),
+        errors=len(bad),
+        error_examples=sorted(set(bad))[:3],
+        engine_alive=alive,
+        handler_error=None if cause is None else f"{type(cause).__name__}: {cause}",
+        collector_sets=hook.collector_sets,
+        foreign_sets=hook.foreign_sets,
+        overlaps=hook.overlaps,
+        verdict=verdict,
+        expected=expected,
+        log=log,
+    )
 
 
 #: What each mode is, in the verdict lines.

@@ -7,10 +7,12 @@ benchmark), over this benchmark's modes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from loopbridge_adapters.bench import summary
+from loopbridge_adapters.bench.record import JobRecord
 from loopbridge_adapters.bench.summary import COMPARED as _COMPARED
 from loopbridge_adapters.bench.summary import (
     STOCK_TARGETS,
@@ -21,7 +23,6 @@ from loopbridge_adapters.bench.summary import (
     scenario_key,
 )
 from loopbridge_adapters.bench.summary import ms as _ms
-from loopbridge_adapters.bench.summary import rec_key as _rec_key
 from loopbridge_adapters.bench.summary import three as _three
 from loopbridge_adapters.bench.summary import times as _x
 
@@ -47,7 +48,7 @@ MODE_COLORS = {
 BASELINES = ("stock", "unsafe", "per-hop")
 
 
-def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(records: Sequence[JobRecord]) -> list[dict[str, Any]]:
     """:func:`loopbridge_adapters.bench.summary.summarize` with this benchmark's modes,
     compared with ``stock``, ``unsafe`` and ``per-hop``."""
     return summary.summarize(records, tuple(MODE_COLORS), BASELINES)
@@ -233,7 +234,7 @@ def _ms_tick(value: float, _pos: int) -> str:
 
 
 def plot(
-    records: list[dict[str, Any]],
+    records: Sequence[JobRecord],
     rows: list[dict[str, Any]],
     out_dir: Path,
     title: str,
@@ -247,9 +248,6 @@ def plot(
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
     out: list[Path] = []
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
@@ -261,94 +259,133 @@ def plot(
         ("latency_cdf.png", "e2e", scenarios, "end-to-end latency (ms)"),
         ("latency_itl.png", "itl", streamed, "inter-token latency (ms)"),
     ):
-        if not panels_of:
-            continue
-        ncols = min(3, len(panels_of))
-        nrows = math.ceil(len(panels_of) / ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 3.8 * nrows), squeeze=False)
-        for ax, sc in zip(axes.flat, panels_of):
-            for mode in modes:
-                xs = sorted(
-                    x
-                    for rec in records
-                    if not rec["warmup"] and rec["mode"] == mode and _rec_key(rec) == sc
-                    for s in rec["samples"]
-                    if s["error"] is None
-                    for x in (s.get("itl", ()) if metric == "itl" else (s["e2e"],))
-                )
-                if not xs:
-                    continue
-                ys = [(i + 1) / len(xs) for i in range(len(xs))]
-                ax.plot([x * 1e3 for x in xs], ys, label=mode, color=MODE_COLORS.get(mode), lw=1.6)
-            ax.set_title(sc)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel("fraction")
-            ax.axhline(0.99, color="k", lw=0.5, ls=":")
-            ax.grid(alpha=0.3)
-            ax.legend(loc="lower right", fontsize=8)
-        for ax in list(axes.flat)[len(panels_of) :]:
-            ax.set_visible(False)
-        fig.suptitle(f"{'ITL' if metric == 'itl' else 'Latency'} CDF per mode: {title}")
-        fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=8)
-        fig.tight_layout(rect=(0, 0.03, 1, 1))
-        path = out_dir / name
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        out.append(path)
+        if panels_of:
+            path = out_dir / name
+            _cdf_plot(records, modes, panels_of, (metric, xlabel), (title, footer), path)
+            out.append(path)
+    closed = [r for r in rows if r.get("rate_fraction") is None]  # closed loop: x = concurrency
+    if closed:
+        out.append(_p99_plot(closed, modes, out_dir / "latency_p99.png", title, footer))
+    return out
 
-    rows = [r for r in rows if r.get("rate_fraction") is None]  # closed loop: x = concurrency
-    if not rows:
-        return out
-    panels = sorted({(r["busy"], not r["stream"], r["endpoint"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.2), squeeze=False)
-    for ax, (busy, nostream, endpoint) in zip(axes.flat, panels):
-        mine = [
-            r
-            for r in rows
-            if r["busy"] == busy and r["stream"] != nostream and r["endpoint"] == endpoint
-        ]
+
+def _cdf_plot(
+    records: Sequence[JobRecord],
+    modes: list[str],
+    panels_of: list[str],
+    what: tuple[str, str],
+    titles: tuple[str, str],
+    path: Path,
+) -> None:
+    """One CDF panel per scenario of ``what`` (``e2e`` or ``itl``, and its axis label),
+    one line per mode; ``titles``: the figure's title and footer."""
+    import matplotlib.pyplot as plt
+
+    (metric, xlabel), (title, footer) = what, titles
+    ncols = min(3, len(panels_of))
+    nrows = math.ceil(len(panels_of) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.6 * ncols, 3.8 * nrows), squeeze=False)
+    for ax, sc in zip(axes.flat, panels_of):
         for mode in modes:
-            for stat, marker, ls, label in (
-                ("e2e_p99", "o", "-", "e2e"),
-                ("ttft_p99", "x", "--", "TTFT"),
-                ("itl_p99", ".", ":", "ITL"),
-            ):
-                if nostream and stat != "e2e_p99":
-                    continue  # the same as e2e without streaming
-                pts = sorted((r["concurrency"], r[stat]) for r in mine if r["mode"] == mode)
-                if not pts:
-                    continue
-                ax.plot(
-                    [p[0] for p in pts],
-                    [p[1] * 1e3 for p in pts],
-                    marker=marker,
-                    ls=ls,
-                    label=f"{mode} {label}",
-                    color=MODE_COLORS.get(mode),
-                )
-        ax.set_title(
-            f"{'non-streaming' if nostream else 'streaming'}, "
-            f"{'busy' if busy else 'idle'} owner loop{', chat' if endpoint == 'chat' else ''}"
-        )
-        ax.set_xlabel("concurrency (kept-alive connections)")
-        ax.set_ylabel("p99 latency (ms, log scale)")
-        # Log latency: c = 1 and 16 stay readable next to c = 64, and equal ratios
-        # between modes look equal at every concurrency.
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_ms_tick))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xscale("log", base=2)
-        cs = sorted({r["concurrency"] for r in mine})
-        ax.set_xticks(cs, [str(c) for c in cs])
-        ax.minorticks_off()
+            xs = sorted(
+                x
+                for rec in records
+                if not rec.warmup and rec.mode == mode and rec.key == sc
+                for s in rec.samples
+                if s.error is None
+                for x in (s.itl if metric == "itl" else (s.e2e,))
+            )
+            if not xs:
+                continue
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.plot([x * 1e3 for x in xs], ys, label=mode, color=MODE_COLORS.get(mode), lw=1.6)
+        ax.set_title(sc)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("fraction")
+        ax.axhline(0.99, color="k", lw=0.5, ls=":")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(loc="lower right", fontsize=8)
+    for ax in list(axes.flat)[len(panels_of) :]:
+        ax.set_visible(False)
+    fig.suptitle(f"{'ITL' if metric == 'itl' else 'Latency'} CDF per mode: {title}")
+    fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _p99_plot(
+    rows: list[dict[str, Any]], modes: list[str], path: Path, title: str, footer: str
+) -> Path:
+    """p99 against concurrency, one panel per (busy, streaming, endpoint)."""
+    import matplotlib.pyplot as plt
+
+    panels = sorted({_panel_of(r) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.2), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        _p99_panel(ax, rows, modes, panel)
     fig.suptitle(f"p99 vs concurrency: {title}")
     fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=8)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path = out_dir / "latency_p99.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    out.append(path)
-    return out
+    return path
+
+
+def _p99_panel(ax: Any, rows: list[dict[str, Any]], modes: list[str], panel: _Panel) -> None:
+    """One panel of :func:`_p99_plot`: its rows' p99s, one line per mode and statistic."""
+    import matplotlib.ticker
+
+    busy, own_loop, nostream, endpoint = panel
+    mine = [r for r in rows if _panel_of(r) == panel]
+    for mode in modes:
+        for stat, marker, ls, label in (
+            ("e2e_p99", "o", "-", "e2e"),
+            ("ttft_p99", "x", "--", "TTFT"),
+            ("itl_p99", ".", ":", "ITL"),
+        ):
+            if nostream and stat != "e2e_p99":
+                continue  # the same as e2e without streaming
+            pts = sorted((r["concurrency"], r[stat]) for r in mine if r["mode"] == mode)
+            if not pts:
+                continue
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] * 1e3 for p in pts],
+                marker=marker,
+                ls=ls,
+                label=f"{mode} {label}",
+                color=MODE_COLORS.get(mode),
+            )
+    ax.set_title(
+        f"{'non-streaming' if nostream else 'streaming'}, "
+        f"{_loop_title(busy, own_loop)}{', chat' if endpoint == 'chat' else ''}"
+    )
+    ax.set_xlabel("concurrency (kept-alive connections)")
+    ax.set_ylabel("p99 latency (ms, log scale)")
+    # Log latency: c = 1 and 16 stay readable next to c = 64, and equal ratios
+    # between modes look equal at every concurrency.
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_ms_tick))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xscale("log", base=2)
+    cs = sorted({r["concurrency"] for r in mine})
+    ax.set_xticks(cs, [str(c) for c in cs])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _loop_title(busy: bool, own_loop: bool) -> str:
+    if not busy:
+        return "idle owner loop"
+    return "busy actor loop, engine on its own" if own_loop else "busy owner loop"
+
+
+#: A p99 panel: (busy, own loop, not streamed, endpoint).
+_Panel = tuple[bool, bool, bool, str]
+
+
+def _panel_of(r: dict[str, Any]) -> _Panel:
+    return (r["busy"], r.get("own_loop", False), not r["stream"], r["endpoint"])

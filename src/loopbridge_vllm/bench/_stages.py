@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loopbridge_adapters.bench.load import REQUEST_ID_HEADER
-from loopbridge_adapters.bench.summary import percentile, rec_key
+from loopbridge_adapters.bench.record import JobRecord
+from loopbridge_adapters.bench.summary import percentile
 
 __all__ = ["STAGES", "StageProbe", "TimedClient", "stage_rows", "stages_markdown", "stages_of"]
 
@@ -217,17 +218,14 @@ def stages_of(marks: Mapping[str, float]) -> dict[str, float]:
     return {name: marks[b] - marks[a] for name, a, b in STAGES if a in marks and b in marks}
 
 
-def stage_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """p50/p99 (ms) per stage, per scenario and mode, over the measured records' requests.
-
-    A record carries ``stages``: one :func:`stages_of` dict per request.
-    """
+def stage_rows(records: Sequence[JobRecord]) -> list[dict[str, Any]]:
+    """p50/p99 (ms) per stage, per scenario and mode, over the measured records' requests."""
     groups: dict[tuple[str, str], dict[str, list[float]]] = {}
     for rec in records:
-        if rec["warmup"] or not rec.get("stages"):
+        if rec.warmup or not rec.stages:
             continue
-        per = groups.setdefault((rec_key(rec), rec["mode"]), {})
-        for req in rec["stages"]:
+        per = groups.setdefault((rec.key, rec.mode), {})
+        for req in rec.stages:
             for name, s in req.items():
                 per.setdefault(name, []).append(s)
     rows = []
