@@ -43,6 +43,7 @@ from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai
 
 from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from ._exporter import export_metrics
+from ._paused_admission import PausePolicy, PauseWatch, gate_paused, pause_policy
 from ._weight_version import WeightVersionTags
 
 if TYPE_CHECKING:
@@ -263,8 +264,17 @@ class OpenAIServer(ThreadedServer):
         routers: Sequence[APIRouter] = (),
         middleware: Sequence[Middleware] = (),
         weight_version_tags: bool = False,
+        paused_admission: str | PausePolicy = PausePolicy.ENGINE,
+        paused_hold_s: float = 60.0,
     ) -> None:
         self.client = client
+        self._paused_admission = pause_policy(paused_admission)
+        if paused_hold_s <= 0:
+            raise ValueError(f"paused_hold_s must be positive, not {paused_hold_s!r}")
+        self._paused_hold_s = paused_hold_s
+        #: Whether the engine is paused, for ``paused_admission`` other than
+        #: "engine" (None then): read by the gate, closed when serving ends.
+        self.pause_watch: PauseWatch | None = None
         if weight_version_tags and not hasattr(type(client), "get_weight_version"):
             # vLLM 0.24 has no weight versions: tags would fail on every request.
             raise ServerStartError(
@@ -291,6 +301,10 @@ class OpenAIServer(ThreadedServer):
             name=name,
             use_uvloop=use_uvloop,
         )
+
+    def _release(self) -> None:
+        if self.pause_watch is not None:
+            self.pause_watch.close()  # the engine's pause members as they were
 
     def _listen(self, host: str, port: int) -> socket.socket:
         return _bind(host, port)  # the module's name: tests replace it
@@ -361,6 +375,10 @@ class OpenAIServer(ThreadedServer):
         served: Any = app
         if self._weight_version_tags:
             served = WeightVersionTags(served, client)
+        paths = [getattr(route, "path", "") for route in app.routes]
+        served, self.pause_watch = gate_paused(
+            served, unwrap(client), self._paused_admission, self._paused_hold_s, paths
+        )
         # The caller's middleware wraps the whole app (vLLM's app has built its
         # middleware stack already), the first one outermost.
         for layer in reversed(self._middleware):
@@ -471,6 +489,8 @@ def start_openai_server(
     routers: Sequence[APIRouter] = (),
     middleware: Sequence[Middleware] = (),
     weight_version_tags: bool = False,
+    paused_admission: str | PausePolicy = PausePolicy.ENGINE,
+    paused_hold_s: float = 60.0,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -508,6 +528,14 @@ def start_openai_server(
     ``-finished`` and ``-mixed`` on a JSON reply; the admission header and a
     last chunk with a ``weight_version`` field on a stream. See
     :mod:`loopbridge_vllm._weight_version`.
+
+    ``paused_admission`` says what happens to a generation request that arrives
+    while the engine is paused: ``"engine"`` (default) leaves it to the vLLM
+    release (from 0.33: refused in "abort" and "wait" mode, queued in the engine
+    in "keep"; before: queued in every mode), ``"refuse"`` answers 503 with
+    ``Retry-After`` before it reaches the engine, ``"hold"`` keeps it in the
+    server until the resume, for at most ``paused_hold_s`` seconds (then 503).
+    See :mod:`loopbridge_vllm._paused_admission` and docs/vllm.md.
     """
     settings = dict(locals())  # every parameter above, by name
     timeout = settings.pop("start_timeout")
@@ -532,6 +560,8 @@ async def astart_openai_server(
     routers: Sequence[APIRouter] = (),
     middleware: Sequence[Middleware] = (),
     weight_version_tags: bool = False,
+    paused_admission: str | PausePolicy = PausePolicy.ENGINE,
+    paused_hold_s: float = 60.0,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.
