@@ -362,12 +362,11 @@ class RemoteStream(Generic[Y]):
     async def __anext__(self) -> Y:
         ch = self._ch
         buf = ch.buf
-        if buf:  # fast path: no await, no wake-up, no frame: Channel.take's body
-            # (tests/core/test_one_definition.py compares the two)
+        if buf:  # fast path: no await, no wake-up (Channel.take, inlined)
             ch.taken = taken = ch.taken + 1
             if taken - ch.acked >= ch.ack_every:
                 ch.ack(taken)
-            return ch.buf.popleft()  # type: ignore[no-any-return]
+            return buf.popleft()  # type: ignore[no-any-return]
         waker = self._waker
         if waker is None:
             if ch.outcome is not PENDING:  # closed before it started
@@ -375,10 +374,10 @@ class RemoteStream(Generic[Y]):
             waker = self._begin()
         while not buf:
             ch.before_park()
-            ch.waiter = waker.new_waiter()
+            waker.arm(ch)
             if ch.park_begins():
                 try:
-                    await waker.park(ch)
+                    await waker.park(ch, ch.owner)  # type: ignore[arg-type]
                 except waker.cancelled as exc:
                     waker.unpark(ch)
                     ch.parked = False
@@ -392,7 +391,7 @@ class RemoteStream(Generic[Y]):
         ch = self._ch
         ch.count_taken()
         if ch.caller_gives_up(msg):
-            await waker.wait_settled(ch, ch.opts.grace)
+            await waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
         ch.count_unread()
         ch.buf.clear()
 
@@ -497,13 +496,13 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
                 ch.before_park()
             except StopAsyncIteration:
                 raise StopIteration from None
-            ch.waiter = waker.new_waiter()
+            waker.arm(ch)
             if here is not None and not fresh:
                 self._refuse_cycle(ch, ch.owner, here)
             fresh = False
             if ch.park_begins():
                 try:
-                    waker.park(ch, self._timeout)
+                    waker.park(ch, ch.owner, self._timeout)  # type: ignore[arg-type]
                 except BaseException:
                     ch.parked = False
                     self.close()
@@ -532,7 +531,7 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
             ch.count_unread()
             return
         if ch.caller_gives_up(None):
-            waker.wait_settled(ch, ch.opts.grace)
+            waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
         ch.count_unread()
         ch.buf.clear()
 
