@@ -201,8 +201,6 @@ class PausedAdmission:
                 f"vLLM app lacks {', '.join(missing)}: start the server with "
                 "paused_admission='engine'"
             )
-        if hold_s <= 0:
-            raise ValueError(f"paused_hold_s must be positive, not {hold_s!r}")
         self.app = app
         self._watch = watch
         self._policy = policy
