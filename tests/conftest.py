@@ -42,6 +42,13 @@ collect_ignore = [
     path for engine, paths in ENGINE_SUITES.items() if engine not in _installed for path in paths
 ]
 
+if "vllm" in _installed:
+    # Before any suite imports vLLM (some releases resolve their platform at
+    # import): the CPU platform, and vLLM's caches inside the work tree.
+    from loopbridge_vllm.cpu_engine import cpu_engine_env
+
+    cpu_engine_env(HERE.parent / ".cache" / "vllm")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

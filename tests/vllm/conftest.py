@@ -18,10 +18,10 @@ import pytest
 from vllm_engines import CACHE, REPO, start_engine, stop_engine
 
 from loopbridge import LoopThread
-from loopbridge_vllm.cpu_engine import build_tiny_model, cpu_engine_env
+from loopbridge_vllm.cpu_engine import build_tiny_model
 
-# Before anything imports vLLM: CPU platform, caches inside the work tree.
-cpu_engine_env(CACHE / "vllm")
+# The CPU platform and vLLM's caches are set in tests/conftest.py, before any
+# suite imports vLLM.
 
 
 @pytest.fixture(scope="session")
