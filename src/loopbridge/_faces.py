@@ -455,8 +455,16 @@ def forget(gcls: type) -> None:
 
 
 def crossings_of(gcls: type) -> dict[str, Crossing]:
-    """The crossings of a generated class's marshalled members, by name."""
-    return _crossings.get(gcls, {})
+    """The crossings of a generated class's marshalled members, by name.
+
+    A subclass of a generated class (an adapter's layer over a proxy class, say,
+    that wraps some async members for its own callers) has the crossings of the
+    generated classes it derives from: what crosses is the member they marshal.
+    """
+    merged: dict[str, Crossing] = {}
+    for klass in reversed(gcls.__mro__):
+        merged.update(_crossings.get(klass, ()))
+    return merged
 
 
 def _no_del(self: object) -> None:

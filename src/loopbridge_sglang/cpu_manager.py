@@ -350,7 +350,10 @@ class StandInScheduler:
                     return value
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"the stand-in scheduler did not report {kind} {key!r}")
+                raise TimeoutError(
+                    f"the stand-in scheduler did not report {kind} {key!r} in {timeout} s; "
+                    f"it reported {self._seen!r} since"
+                )
             with contextlib.suppress(queue.Empty):
                 self._seen.append(self.events.get(timeout=left))
 

@@ -87,3 +87,25 @@ def test_loop_thread_run_and_errors() -> None:
     assert not t.running
     with pytest.raises(lb.OwnerLoopClosed):
         t.run(add, 1, 1)
+
+
+def test_a_subclass_of_the_proxy_class_keeps_the_blocking_members(
+    owner: lb.LoopThread, engine: Engine
+) -> None:
+    # An adapter's layer over a proxy class (SGLang's wraps the request-taking
+    # members for its server): the blocking face still crosses, it never hands a
+    # plain thread the async member's coroutine.
+    p = lb.proxy(engine)
+    base = type(p)
+    seen: list[int] = []
+
+    async def echo(self: Engine, value: int) -> int:  # the layer's own async face
+        seen.append(value)
+        return await base.echo(self, value)  # type: ignore[no-any-return]
+
+    layered = type(base)(base.__name__, (base,), {"__slots__": (), "echo": echo})
+    object.__setattr__(p, "__class__", layered)
+    b = lb.blocking(p)
+    assert b.echo(7) == 7 and b.where() is owner.loop
+    assert list(b.count(3)) == [0, 1, 2]
+    assert seen == []  # the face ran what the proxy class marshals
