@@ -100,6 +100,7 @@ class PauseWatch:
             )
         self._core = core
         self._lock = threading.Lock()
+        self._held_changed = threading.Condition(self._lock)
         self._paused = False
         self._waiters: list[concurrent.futures.Future[bool]] = []
         self._installed: dict[str, Any] = {}
@@ -146,6 +147,7 @@ class PauseWatch:
         with self._lock:
             self._paused = paused
             waiters, self._waiters = (self._waiters, []) if not paused else ([], self._waiters)
+            self._held_changed.notify_all()
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(released)
@@ -158,6 +160,7 @@ class PauseWatch:
             if not self._paused:
                 return True
             self._waiters.append(waiter)
+            self._held_changed.notify_all()
         try:
             return await asyncio.wait_for(asyncio.wrap_future(waiter), timeout)
         except asyncio.TimeoutError:
@@ -166,12 +169,19 @@ class PauseWatch:
             with self._lock:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
+                    self._held_changed.notify_all()
 
     @property
     def held(self) -> int:
         """How many requests wait for the resume now."""
         with self._lock:
             return len(self._waiters)
+
+    def wait_held(self, count: int, timeout: float) -> bool:
+        """Block this thread until exactly ``count`` requests are held; False if
+        ``timeout`` passed first. For tests and drains: no polling."""
+        with self._held_changed:
+            return self._held_changed.wait_for(lambda: len(self._waiters) == count, timeout)
 
     def close(self) -> None:
         """Put the engine's members back and refuse whatever still waits."""

@@ -10,7 +10,7 @@ against the table docs/vllm.md gives, so a release that changes it fails here.
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +18,9 @@ import httpx
 import pytest
 from vllm_engines import unfinished_requests
 
-from loopbridge import blocking
+from loopbridge import blocking, unwrap
 from loopbridge_vllm import OpenAIServer, start_openai_server
+from loopbridge_vllm._paused_admission import PauseWatch
 
 #: Release-sensitive: runs on every tested vLLM release's lane.
 pytestmark = pytest.mark.every_release
@@ -56,13 +57,28 @@ async def _model(client: httpx.AsyncClient, url: str) -> str:
     return str((await client.get(f"{url}/v1/models")).json()["data"][0]["id"])
 
 
-async def _until(condition: Any, what: str) -> None:
-    """Poll ``condition`` (a state another thread changes) with a hang guard."""
-    deadline = time.monotonic() + GUARD_S
-    while not await asyncio.to_thread(condition):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} never happened")
-        await asyncio.sleep(0.01)  # the poll interval
+async def _held(watch: PauseWatch, count: int) -> None:
+    """Until the server holds exactly ``count`` requests (woken by the watch itself)."""
+    if not await asyncio.to_thread(watch.wait_held, count, GUARD_S):
+        raise AssertionError(f"the server never held {count} request(s); it holds {watch.held}")
+
+
+@pytest.fixture
+def admitted(engine_proxy: Any) -> Iterator[threading.Event]:
+    """Set when the engine's front end takes a request in (its output processor's
+    ``add_request``, on the owner loop): the request is queued in the engine."""
+    processor = unwrap(engine_proxy).output_processor
+    original = processor.add_request
+    event = threading.Event()
+
+    def add_request(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        event.set()
+        return result
+
+    processor.add_request = add_request
+    yield event
+    del processor.add_request
 
 
 async def _request(client: httpx.AsyncClient, url: str, model: str, stream: bool) -> httpx.Response:
@@ -80,7 +96,12 @@ def _completed(response: httpx.Response) -> bool:
 
 
 async def _arrive_while_paused(
-    server: OpenAIServer, engine_proxy: Any, mode: str, stream: bool, expect: str
+    server: OpenAIServer,
+    engine_proxy: Any,
+    mode: str,
+    stream: bool,
+    expect: str,
+    admitted: threading.Event | None = None,
 ) -> httpx.Response:
     """Pause, send one request, check it is where ``expect`` says (``answered`` while
     still paused, ``held`` in the server, ``queued`` in the engine); resume; return
@@ -95,11 +116,14 @@ async def _arrive_while_paused(
             await asyncio.wait_for(asyncio.shield(task), GUARD_S)  # while still paused
         elif expect == "held":
             assert watch is not None
-            await _until(lambda: watch.held > 0 or task.done(), "the hold")
+            await _held(watch, 1)
             assert not task.done() and unfinished_requests(engine_proxy) == 0
         else:
-            await _until(lambda: unfinished_requests(engine_proxy) > 0 or task.done(), "the queue")
+            assert admitted is not None
+            if not await asyncio.to_thread(admitted.wait, GUARD_S):
+                raise AssertionError("the engine never took the request in")
             assert not task.done()  # in the engine, waiting for the resume
+            assert unfinished_requests(engine_proxy) == 1
         await asyncio.to_thread(engine.resume_generation)
         return await task
 
@@ -107,11 +131,18 @@ async def _arrive_while_paused(
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 @pytest.mark.parametrize("mode", MODES)
 def test_the_release_answer_is_the_documented_one(
-    engine_proxy: Any, shared_server: OpenAIServer, resumed: None, mode: str, stream: bool
+    engine_proxy: Any,
+    shared_server: OpenAIServer,
+    resumed: None,
+    admitted: threading.Event,
+    mode: str,
+    stream: bool,
 ) -> None:
     expected = engine_answer(mode)
     expect = "queued" if expected == "queued" else "answered"
-    response = asyncio.run(_arrive_while_paused(shared_server, engine_proxy, mode, stream, expect))
+    response = asyncio.run(
+        _arrive_while_paused(shared_server, engine_proxy, mode, stream, expect, admitted)
+    )
     if expected == "queued":
         assert _completed(response), response.text[:300]
     else:
@@ -178,9 +209,9 @@ def test_hold_refuses_after_its_bound_and_a_leaving_client_leaves_nothing(
             await asyncio.to_thread(engine.pause_generation, mode="keep")
             # A client that gives up while held: nothing reaches the engine.
             leaving = asyncio.ensure_future(_request(client, server.url, model, False))
-            await _until(lambda: watch.held == 1, "the hold")
+            await _held(watch, 1)
             leaving.cancel()
-            await _until(lambda: watch.held == 0, "the release of the left request")
+            await _held(watch, 0)  # the left request is let go
             # One that stays past the bound gets the 503.
             return await _request(client, server.url, model, True)
 
@@ -195,8 +226,6 @@ def test_hold_refuses_after_its_bound_and_a_leaving_client_leaves_nothing(
 
 
 def test_stopping_the_server_puts_the_engine_members_back(engine_proxy: Any) -> None:
-    from loopbridge import unwrap
-
     core = unwrap(engine_proxy).engine_core
     before = set(vars(core))
     server = _start(engine_proxy, "refuse")
