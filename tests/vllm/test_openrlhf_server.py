@@ -181,7 +181,8 @@ def test_openrlhf_tests_package_does_not_shadow_ours() -> None:
     assert not (REPO / "tests" / "__init__.py").exists()
     spec = importlib.util.find_spec("tests")
     assert spec is not None and spec.origin is not None
-    assert REPO not in Path(spec.origin).resolve().parents, spec.origin  # OpenRLHF's
+    origin = Path(spec.origin).resolve()  # OpenRLHF's, in the venv (which may sit in REPO)
+    assert REPO / "tests" not in origin.parents and "site-packages" in origin.parts, origin
     ours = {
         name: Path(m.__file__).resolve()
         for name, m in list(sys.modules.items())
