@@ -352,7 +352,7 @@ class StandInScheduler:
             if left <= 0:
                 raise TimeoutError(
                     f"the stand-in scheduler did not report {kind} {key!r} in {timeout} s; "
-                    f"it reported {self._seen!r} since"
+                    f"its reports no wait has claimed: {self._seen!r}"
                 )
             with contextlib.suppress(queue.Empty):
                 self._seen.append(self.events.get(timeout=left))
