@@ -35,7 +35,7 @@ from ._ownership import on_owner_thread
 from ._ports import PORT_ATTR, Port, get_running_loop, running_port
 from ._returns import PLAIN
 from ._trio import in_trio_run, trio_port
-from ._wakers import LoopWaker, TrioWaker, loop_waker, thread_waker, trio_waker
+from ._wakers import LoopWaker, TrioWaker, new_loop_waker, thread_waker, trio_waker
 
 __all__ = [
     "Call",
@@ -101,11 +101,11 @@ def route_call(
         # No loop yet (the coroutine was made before asyncio.run, or under
         # trio): decide when it is awaited.
         return _route_on_await(opts, fn, args, kwargs, what, finish)
-    # loop_waker's common case inlined, as this runs once per call: the loop's
-    # live port and its waker; anything else goes through loop_waker.
+    # loop_waker's common case, to save its frame on every call: the two
+    # statements are its own (tests/core/test_one_definition.py compares them).
     port = getattr(loop, PORT_ATTR, None)
     if port is None or port.dead is not None or (waker := port.waker) is None:
-        waker = loop_waker(loop)
+        waker = new_loop_waker(loop)
     return call_from_async(waker, opts, fn, args, kwargs, what, finish)
 
 
@@ -153,9 +153,12 @@ async def call_from_async(
     native coroutine would.
     """
     call = Call(fn, args, kwargs, description, opts, waker)
+    # Armed before it is submitted: its wake is posted to this loop or run, so
+    # it runs on this thread after the caller parks.
+    call.waiter = waker.new_waiter()
     call.submit()
     try:
-        await waker.arm_and_park(call, call.owner)  # type: ignore[arg-type]
+        await waker.park(call)
     except waker.cancelled as exc:
         waker.unpark(call)
         if finish:
@@ -206,13 +209,13 @@ def _blocked_port() -> Port | None:
 def _block_on(call: Call, timeout: float | None) -> Any:
     opts = call.opts
     waker = call.waker = thread_waker()
-    waker.arm(call)
+    call.waiter = waker.new_waiter()
     call.submit()
     try:
-        waker.park(call, call.owner, timeout)  # type: ignore[arg-type]
+        waker.park(call, timeout)
     except BaseException:  # KeyboardInterrupt, a timeout: cancel the owner side
         if call.caller_gives_up(None):
-            waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
+            waker.wait_settled(call, opts.grace)
         opts.metrics.returned(call, 0.0)
         raise
     return _returned(call, _perf())
@@ -227,7 +230,7 @@ async def _outlasts_cancel(call: Call, waker: LoopWaker | TrioWaker) -> None:
     """The caller was cancelled during a call that must finish: leave it running
     on the owner and wait for it, cancel-proof, up to ``cancel_grace``."""
     opts = call.opts
-    await waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
+    await waker.wait_settled(call, opts.grace)
     opts.metrics.returned(call, 0.0)  # the caller resumes through its cancel
 
 
@@ -235,5 +238,5 @@ async def _cancelled_by_caller(call: Call, waker: LoopWaker | TrioWaker, msg: st
     """The caller was cancelled: cancel the owner task, wait boundedly for cleanup."""
     opts = call.opts
     if call.caller_gives_up(msg):
-        await waker.wait_settled(call, call.owner, opts.grace)  # type: ignore[arg-type]
+        await waker.wait_settled(call, opts.grace)
     opts.metrics.returned(call, 0.0)  # admission and run, but no return: it was cancelled

@@ -37,13 +37,12 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import _interleave
 from ._diagnose import SubmissionSites, submission_site
 from ._eager import start_task, step_then_task
 from ._errors import LoopAffinityError
 from ._labels import thread_name
 from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
-from ._ports import _ABSENT, Port, get_running_loop
+from ._ports import Port, get_running_loop
 
 if TYPE_CHECKING:
     from ._metrics import Counters, Metrics
@@ -275,17 +274,12 @@ class Operation:
         """Record the outcome and wake the caller, if no one has settled it yet.
 
         ``latched``: the caller already won the settle latch (``Port.leave``),
-        as owner death and a failed re-route do.  One body for both, inlined
-        rather than split into two methods, as it runs once per operation.
+        as owner death and a failed re-route do.
         """
         if not latched:
-            # Port.leave inlined (the latch is the atomic dict.pop), as this runs
-            # once per operation; keep the two in step.
             owner = self.owner
-            if owner is None or owner.inflight.pop(self, _ABSENT) is _ABSENT:
+            if owner is None or not owner.leave(self):
                 return
-            if _interleave.hook is not None:
-                _interleave.hook("settle.latched")
         self.value = value
         self.t_end = _perf()
         self.outcome = outcome  # last: readers on other threads test it first
@@ -307,7 +301,9 @@ class Operation:
         exc = self.value
         if outcome is CANCELLED:
             raise asyncio.CancelledError(*exc.args)
-        annotate(exc, self.description, self.owner)  # type: ignore[arg-type]
+        owner = self.owner
+        if owner is not None:  # always, once settled: only a submitted operation settles
+            annotate(exc, self.description, owner)
         raise exc
 
     def describe(self) -> dict[str, Any]:

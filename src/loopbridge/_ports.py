@@ -6,32 +6,57 @@ loop at most once per batch, and a single drain callback on that loop runs
 everything queued.  This is what turns "one cross-thread wake-up per call" into
 "one wake-up per batch of calls".
 
-Two rules keep wake-ups rare without ever losing one (both rely on the GIL making
+A port's wake protocol has three states, :class:`Wake`, in ``Port.wake_state``:
+
+=============  ===========================================================
+``IDLE``       no wake pending: the next post wakes the loop (or defers it)
+``SCHEDULED``  a drain is scheduled on the loop (or is being, by the post
+               that claimed it): a post only appends
+``OWED``       the wake was deferred: the posting loop (the *debtor*,
+               ``Port.debtor``) owes it, and a post only appends
+=============  ===========================================================
+
+Each transition has one function:
+
+* :meth:`Port.post`: ``IDLE`` to ``SCHEDULED`` (it claims the wake, then sends
+  it), or on to ``OWED`` (:meth:`Port._owe`, while the posting loop has more
+  ready work);
+* :meth:`Port._send_wake`: ``OWED`` to ``SCHEDULED`` (paying a debt), or the
+  wake of a claim (a late payment, whose debt a liveness tick drained first,
+  leaves ``IDLE`` as it is);
+* :meth:`Port._drain`: ``SCHEDULED`` to ``IDLE``, when the drain begins.
+
+Three rules keep wake-ups rare without ever losing one (all rely on the GIL making
 ``deque.append``/``popleft`` and attribute reads and writes atomic and ordered):
 
-* the poster appends *before* it tests ``_wake_pending``;
-* the drain clears ``_wake_pending`` *before* it pops.
+* the poster appends *before* it tests ``wake_state``;
+* the drain sets ``IDLE`` *before* it pops;
+* a wake is ``OWED`` only while a debtor holds it: set with ``Port.debtor``,
+  left only by :meth:`Port._send_wake`.
 
-So an item is either popped by a drain that is already scheduled, or its poster
-sees the flag down and schedules a new one.  At worst a drain finds nothing.
+So an item is either popped by a drain that is already scheduled or owed, or its
+poster sees ``IDLE`` and wakes the loop itself.  At worst a drain finds nothing.
 
-When the poster is itself running inside a loop with more ready work, the wake is
-deferred to the end of that loop's current iteration: on stock asyncio
-``call_soon_threadsafe`` writes to a socket and gives up the GIL, so waking
-immediately lets the other loop start draining a half-built batch.  The loop's
-own self-pipe reader does not count as more work: it posts nothing, and
-waiting for it cost a whole extra loop iteration per call at low concurrency.
+A wake is deferred (``OWED``) when the poster is itself running inside a loop
+with more ready work: on stock asyncio ``call_soon_threadsafe`` writes to a
+socket and gives up the GIL, so waking immediately lets the other loop start
+draining a half-built batch.  The loop's own self-pipe reader does not count as
+more work: it posts nothing, and waiting for it cost a whole extra loop
+iteration per call at low concurrency.
 
-A deferred wake is a *debt* of the posting loop (the debtor, ``_deferred_by``):
-paid by its flush at the end of its iteration.  A loop can stop after the
-iteration that deferred, and never run that flush (``loop.stop()`` then
-``loop.close()``; a loop driven by ``run_until_complete`` that is not run
-again).  So a debt never depends on the debtor alone:
+A debt is paid by the debtor's flush at the end of its iteration (the debtor's
+``_outgoing`` list holds the ports it owes; a flush is scheduled exactly when
+that list stops being empty).  A loop can stop after the iteration that
+deferred, and never run that flush (``loop.stop()`` then ``loop.close()``; a
+loop driven by ``run_until_complete`` that is not run again).  So a debt never
+depends on the debtor alone:
 
-* a port that is shutting down (dead) never defers, and pays its debts when it
-  dies on its own thread;
-* every liveness check of a port (:meth:`Port.check_alive`, made by whoever
-  waits on it) sends the wake itself when its debtor is no longer running;
+* a port that is dead, or whose loop's thread is blocked in a blocking call,
+  never becomes a debtor, and a dying port pays its debts when it dies on its
+  own thread;
+* every liveness check of an ``OWED`` port (:meth:`Port.check_alive`, made by
+  whoever waits on it) sends the wake itself when its debtor is no longer
+  running;
 * a loop with callers parked on it ticks every ``LIVENESS_INTERVAL`` while any
   of them waits, and each tick drains that loop's own inbox and checks the
   owner each parked operation now belongs to.
@@ -39,6 +64,13 @@ again).  So a debt never depends on the debtor alone:
 Invariant: a parked caller's wait ends within two liveness intervals of its
 operation being settled or its owner loop dying, whatever the order of the
 settle, the death, the park and the debtor's stop.
+
+A port's life is separate from its wake state, because :meth:`Port.die` runs
+on any thread while posters and the drain write ``wake_state``: ``dead`` is
+``None`` while the loop lives and the error that ended it afterwards (set once,
+never cleared; a dead port still delivers what is posted to it while its loop
+runs, as a loop that is shutting down still runs callbacks).  ``_keeper`` is the
+task whose end tells that the loop is shutting down.
 
 Ports also track every call and stream in flight towards their loop, so that when
 the loop stops or closes each of them can be failed with
@@ -50,6 +82,7 @@ first writer to remove it records the outcome, and every later one does nothing.
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import logging
 import threading
@@ -73,16 +106,26 @@ from ._labels import loop_label as _loop_label
 
 __all__ = [
     "Port",
+    "Wake",
     "InFlight",
     "PORT_ATTR",
     "port_for_loop",
     "running_port",
     "get_running_loop",
     "rearm",
+    "unpark_waiter",
 ]
 
 #: How often waiting callers check that the owner loop is still alive (seconds).
 LIVENESS_INTERVAL = 0.05
+
+
+class Wake(enum.Enum):
+    """Where a port's wake stands (``Port.wake_state``); see the module's table."""
+
+    IDLE = "idle"  # no wake pending: the next post wakes the loop
+    SCHEDULED = "scheduled"  # a drain is scheduled (or being, by the post that claimed it)
+    OWED = "owed"  # deferred: Port.debtor's flush sends it
 
 
 class InFlight(Protocol):
@@ -105,16 +148,15 @@ class Port:
         "loop",
         "label",
         "_inbox",
-        "_wake_pending",
+        "wake_state",
         "_schedule_threadsafe",
         "_ready",
         "_self_reader",
         "_outgoing",
-        "_flush_pending",
         "inflight",
         "dead",
         "_keeper",
-        "_deferred_by",
+        "debtor",
         "waiting",
         "tick",
         "thread_id",
@@ -133,7 +175,7 @@ class Port:
         self.loop = loop
         self.label = label
         self._inbox: deque[tuple[Callable[[Any], None], Any]] = deque()
-        self._wake_pending = False
+        self.wake_state = IDLE  # see Wake; one of its functions changes it
         self._schedule_threadsafe = schedule_threadsafe
         # Stock asyncio exposes its ready queue; its length tells whether the
         # loop has more work in this iteration (then deferring a wake pays).
@@ -142,13 +184,14 @@ class Port:
         # a loop runs it in the same iteration as what was posted, and it posts
         # nothing, so waiting for it would only cost a loop iteration.
         self._self_reader: Any = self_reader(loop)
+        # The ports this loop owes a deferred wake (its own thread only); a
+        # flush is scheduled exactly when the list stops being empty.
         self._outgoing: list[Port] = []
-        self._flush_pending = False
         self.inflight: dict[InFlight, None] = {}
         self.dead: BaseException | None = None
         self._keeper: asyncio.Task[None] | None = None
-        # The loop that owes this port a deferred wake, if any.
-        self._deferred_by: Port | None = None
+        # The port whose loop owes this one its wake, while OWED.
+        self.debtor: Port | None = None
         # Operations that callers on *this* loop are parked on; a tick is
         # scheduled exactly while it is non-empty (loop thread only).  Never
         # rebound: wakers hold its bound discard.
@@ -170,36 +213,39 @@ class Port:
 
     # ------------------------------------------------------------------ posting
     def post(self, fn: Callable[[Any], None], arg: Any) -> None:
-        """Run ``fn(arg)`` on this port's loop soon.  Safe from any thread."""
+        """Run ``fn(arg)`` on this port's loop soon.  Safe from any thread.
+
+        The ``IDLE`` transitions: to ``SCHEDULED`` (the wake is sent now), or to
+        ``OWED`` when the posting loop has more ready work (see the module).
+        """
         self._inbox.append((fn, arg))
         if _interleave.hook is not None:
             _interleave.hook("post.appended")
-        if not self._wake_pending:
-            self._wake_pending = True
-            self._wake()
-
-    def _wake(self) -> None:
+        if self.wake_state is not IDLE:
+            return  # a drain is scheduled or owed: it takes this item too
+        self.wake_state = SCHEDULED  # claimed: later posts only append
         here = get_running_loop()
         if here is not None and here is not self.loop:
             src: Port | None = getattr(here, _ATTR, None)
-            if src is not None and src.dead is None and src.blocked is None and src._more_ready():
-                # More work is ready on the posting loop: send one wake at the
-                # end of its iteration, for everything posted meanwhile.
-                self._deferred_by = src
-                src._outgoing.append(self)
-                if not src._flush_pending:
-                    src._flush_pending = True
-                    here.call_soon(src._flush)
-                return
+            if src is not None and src.dead is None and src.blocked is None:
+                # More ready work on the posting loop that may post: anything
+                # but its own self-pipe reader.  Then send one wake at the end
+                # of its iteration, for everything posted meanwhile.
+                ready = src._ready
+                if ready and (len(ready) > 1 or callback_of(ready[0]) != src._self_reader):
+                    self._owe(src, here)
+                    return
         self._send_wake()
 
-    def _more_ready(self) -> bool:
-        """Whether this (running, stock asyncio) loop has more ready work that
-        may post: anything but its own self-pipe reader."""
-        ready = self._ready
-        if not ready:
-            return False
-        return len(ready) > 1 or callback_of(ready[0]) != self._self_reader
+    def _owe(self, debtor: Port, here: Any) -> None:
+        """``SCHEDULED`` (just claimed by a post) to ``OWED``: ``debtor``'s loop,
+        running ``here`` on this thread, sends the wake from its flush."""
+        self.debtor = debtor
+        self.wake_state = OWED
+        outgoing = debtor._outgoing
+        if not outgoing:
+            here.call_soon(debtor._flush)
+        outgoing.append(self)
 
     def flush_deferred(self) -> None:
         """Send the wakes this loop deferred to the end of its iteration now (its own
@@ -208,7 +254,7 @@ class Port:
             self._flush()
 
     def _flush(self) -> None:
-        self._flush_pending = False
+        """Pay this loop's debts: send the wakes it deferred (its own thread)."""
         outgoing, self._outgoing = self._outgoing, []
         for port in outgoing:
             port._send_wake()
@@ -219,7 +265,16 @@ class Port:
         return counter_value(self._wakes)
 
     def _send_wake(self) -> None:
-        self._deferred_by = None
+        """Schedule a drain on the loop (any thread): ``OWED`` to ``SCHEDULED``
+        (a debt paid), or the wake a post claimed.
+
+        A payment that finds ``IDLE`` leaves it so: a liveness tick drained what
+        was owed first, and the next post still wakes the loop itself (a drain
+        that finds nothing costs less than a post left to a drain already run).
+        """
+        if self.wake_state is OWED:
+            self.wake_state = SCHEDULED
+        self.debtor = None
         next(self._wakes)
         try:
             self._schedule_threadsafe(self._drain)
@@ -227,7 +282,8 @@ class Port:
             self.die(OwnerLoopClosed(f"{self.label} is closed ({exc})"))
 
     def _drain(self) -> None:
-        self._wake_pending = False
+        """``SCHEDULED`` to ``IDLE``, then run what was posted (the loop's thread)."""
+        self.wake_state = IDLE
         if _interleave.hook is not None:
             _interleave.hook("drain.flag_cleared")
         self.thread_id = _get_ident()
@@ -269,7 +325,6 @@ class Port:
 
         True for exactly one caller per registration (``dict.pop`` is atomic);
         that caller, and only it, records the operation's outcome.
-        :meth:`Operation.settle` inlines this body; keep the two in step.
         """
         if self.inflight.pop(op, _ABSENT) is _ABSENT:
             return False
@@ -284,9 +339,10 @@ class Port:
         Also pays a wake this port is owed by a loop that stopped before its
         flush ran (any thread: everyone who waits on this port asks this).
         """
-        debtor = self._deferred_by
-        if debtor is not None and (debtor.dead is not None or not debtor.is_running()):
-            self._send_wake()
+        if self.wake_state is OWED:
+            debtor = self.debtor
+            if debtor is not None and (debtor.dead is not None or not debtor.is_running()):
+                self._send_wake()
         if self.dead is not None:
             return False
         loop = self.loop
@@ -338,8 +394,9 @@ class Port:
         return is_running is None or bool(is_running())
 
     # -------------------------------------------------- caller-side watchdog
-    def park(self, op: Any) -> None:
-        """A caller on this (asyncio) loop parks on ``op``.  Loop thread only.
+    def park(self, op: Any) -> Any:
+        """A caller on this (asyncio) loop parks on ``op``; returns its waiter, to
+        await.  Loop thread only (a loop waker's ``park``: see _wakers).
 
         While any caller here is parked, a tick on this loop every liveness
         interval drains this loop's inbox (a wake owed by a loop that stopped
@@ -350,6 +407,7 @@ class Port:
         self.waiting.add(op)
         if self.tick is None:
             self.start_tick()
+        return op.waiter
 
     def start_tick(self) -> None:
         """Schedule the liveness tick (loop thread only; none is scheduled)."""
@@ -412,12 +470,21 @@ class Port:
         return False
 
 
+def unpark_waiter(op: Any) -> None:
+    """Resolve the future a caller parked on with :meth:`Port.park` (posted to
+    the caller's port by whoever settles ``op``; harmless when repeated)."""
+    fut = op.waiter
+    if fut is not None and not fut.done():
+        fut.set_result(None)
+
+
 def _fresh(exc: BaseException) -> BaseException:
     """A new instance per waiter: exceptions carry tracebacks and must not be shared."""
     return type(exc)(*exc.args)
 
 
 _log = logging.getLogger("loopbridge")
+IDLE, SCHEDULED, OWED = Wake.IDLE, Wake.SCHEDULED, Wake.OWED  # one load each
 _get_ident = threading.get_ident
 _ABSENT = object()
 _ATTR = PORT_ATTR = "_loopbridge_port"

@@ -362,11 +362,12 @@ class RemoteStream(Generic[Y]):
     async def __anext__(self) -> Y:
         ch = self._ch
         buf = ch.buf
-        if buf:  # fast path: no await, no wake-up (Channel.take, inlined)
+        if buf:  # fast path: no await, no wake-up, no frame: Channel.take's body
+            # (tests/core/test_one_definition.py compares the two)
             ch.taken = taken = ch.taken + 1
             if taken - ch.acked >= ch.ack_every:
                 ch.ack(taken)
-            return buf.popleft()  # type: ignore[no-any-return]
+            return ch.buf.popleft()  # type: ignore[no-any-return]
         waker = self._waker
         if waker is None:
             if ch.outcome is not PENDING:  # closed before it started
@@ -374,10 +375,10 @@ class RemoteStream(Generic[Y]):
             waker = self._begin()
         while not buf:
             ch.before_park()
-            waker.arm(ch)
+            ch.waiter = waker.new_waiter()
             if ch.park_begins():
                 try:
-                    await waker.park(ch, ch.owner)  # type: ignore[arg-type]
+                    await waker.park(ch)
                 except waker.cancelled as exc:
                     waker.unpark(ch)
                     ch.parked = False
@@ -391,7 +392,7 @@ class RemoteStream(Generic[Y]):
         ch = self._ch
         ch.count_taken()
         if ch.caller_gives_up(msg):
-            await waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
+            await waker.wait_settled(ch, ch.opts.grace)
         ch.count_unread()
         ch.buf.clear()
 
@@ -496,13 +497,13 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
                 ch.before_park()
             except StopAsyncIteration:
                 raise StopIteration from None
-            waker.arm(ch)
+            ch.waiter = waker.new_waiter()
             if here is not None and not fresh:
                 self._refuse_cycle(ch, ch.owner, here)
             fresh = False
             if ch.park_begins():
                 try:
-                    waker.park(ch, ch.owner, self._timeout)  # type: ignore[arg-type]
+                    waker.park(ch, self._timeout)
                 except BaseException:
                     ch.parked = False
                     self.close()
@@ -531,7 +532,7 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
             ch.count_unread()
             return
         if ch.caller_gives_up(None):
-            waker.wait_settled(ch, ch.owner, ch.opts.grace)  # type: ignore[arg-type]
+            waker.wait_settled(ch, ch.opts.grace)
         ch.count_unread()
         ch.buf.clear()
 

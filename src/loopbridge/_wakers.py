@@ -4,12 +4,19 @@ Three kinds of callers wait on the owner side: asyncio loops (uvloop included),
 trio runs, and plain threads (the blocking face).  A waker is what differs
 between them; calls and streams use the same ones:
 
-* ``arm(op)`` gives ``op`` a fresh waiter (caller thread);
+* ``op.waiter = waker.new_waiter()`` arms ``op`` with a fresh waiter (caller
+  thread);
 * ``wake(op)`` wakes that waiter (any thread; harmless when repeated);
-* ``park(op, owner)`` waits until woken, noticing a dead owner loop, and lets
-  the caller's own cancellation through;
-* ``wait_settled(op, owner, grace)`` waits, cancel-proof and bounded, for the
-  owner side to finish after a cancel request.
+* ``park(op)`` waits until woken, noticing a dead owner loop (the owner ``op``
+  has at the time: a transfer moves it), and lets the caller's own
+  cancellation through;
+* ``wait_settled(op, grace)`` waits, cancel-proof and bounded, for the owner
+  side to finish after a cancel request.
+
+On an asyncio loop, ``park`` is the port's own :meth:`~loopbridge._ports.Port.park`,
+``new_waiter`` the loop's future type and ``wake`` posts the port's
+:func:`~loopbridge._ports.unpark_waiter`: a call arms, parks and is woken
+without a Python frame of this module.
 
 Flag protocol (GIL-ordered, no lock): the waiting side arms its waiter, raises
 ``op.parked``, then re-checks its condition; the settling side changes the
@@ -27,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from ._operation import Operation
 from ._outcome import PENDING
-from ._ports import LIVENESS_INTERVAL, PORT_ATTR, Port, running_port
+from ._ports import LIVENESS_INTERVAL, PORT_ATTR, Port, running_port, unpark_waiter
 
 if TYPE_CHECKING:
     import trio
@@ -37,6 +44,7 @@ __all__ = [
     "TrioWaker",
     "ThreadWaker",
     "loop_waker",
+    "new_loop_waker",
     "trio_waker",
     "thread_waker",
 ]
@@ -72,52 +80,28 @@ class _PortWaker:
 class LoopWaker(_PortWaker):
     """A caller on an asyncio loop: waiters are futures of that loop."""
 
-    __slots__ = ("loop", "new_future", "join", "unpark")
+    __slots__ = ("loop", "new_waiter", "park", "unpark")
 
     cancelled: type[BaseException] = asyncio.CancelledError
 
     def __init__(self, port: Port) -> None:
-        super().__init__(port, _resolve_future)
+        super().__init__(port, unpark_waiter)
         loop: asyncio.AbstractEventLoop = port.loop
         self.loop = loop
-        # Joining and leaving the port's waiting set: the set's own add and
-        # discard, bound once, so no Python frame per call.
-        self.join: Callable[[Operation], None] = port.waiting.add
+        # Parking is the port's (it joins the waiting set the liveness tick
+        # watches) and returns the waiter itself to await; leaving is the set's
+        # own discard.  Bound once: no Python frame of ours per call for either.
+        self.park: Callable[[Operation], asyncio.Future[None]] = port.park
         self.unpark: Callable[[Operation], None] = port.waiting.discard
         # Stock asyncio's create_future() is a Python frame around the C
         # Future: build that directly, unless the loop makes its own futures.
-        self.new_future: Callable[[], asyncio.Future[None]] = (
+        self.new_waiter: Callable[[], asyncio.Future[None]] = (
             functools.partial(asyncio.Future, loop=loop)
             if type(loop).create_future is asyncio.BaseEventLoop.create_future
             else loop.create_future
         )
 
-    def arm(self, op: Operation) -> None:
-        op.waiter = self.new_future()
-
-    def park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
-        """What to await (the waiter itself: no coroutine frame per call)."""
-        # Liveness: one shared tick on this loop checks what its callers wait on.
-        self.port.park(op)
-        fut: asyncio.Future[None] = op.waiter
-        return fut
-
-    def arm_and_park(self, op: Operation, owner: Port) -> asyncio.Future[None]:
-        """``arm`` then ``park``, for a waiter armed after submission.
-
-        Safe because a wake is posted to this loop and runs on this thread,
-        after the caller has armed.
-        """
-        fut = op.waiter = self.new_future()
-        # Port.park inlined, as this runs once per call: join the waiting set,
-        # and start the liveness tick if none is scheduled.
-        self.join(op)
-        port = self.port
-        if port.tick is None:
-            port.start_tick()
-        return fut
-
-    async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
+    async def wait_settled(self, op: Operation, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
             timer = self.loop.call_later(timeout, _resolve, op.waiter)
             try:
@@ -126,7 +110,7 @@ class LoopWaker(_PortWaker):
                 return  # cancelled again while waiting: stop, keep the first cancel
             finally:
                 timer.cancel()
-            (op.owner or owner).check_alive()  # the owner it has now (a transfer moves it)
+            _check_owner(op)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -134,16 +118,10 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _resolve_future(op: Operation) -> None:
-    fut = op.waiter
-    if fut is not None and not fut.done():
-        fut.set_result(None)
-
-
 class TrioWaker(_PortWaker):
     """A caller in a trio run (directly or through anyio): waiters are trio events."""
 
-    __slots__ = ("cancelled", "_trio")
+    __slots__ = ("cancelled", "new_waiter", "_trio")
 
     foreign_context = True  # sniffio says "trio" in the caller's context
 
@@ -153,19 +131,12 @@ class TrioWaker(_PortWaker):
         super().__init__(port, _set_event)
         self._trio = trio
         self.cancelled: type[BaseException] = trio.Cancelled
-
-    def arm(self, op: Operation) -> None:
-        op.waiter = self._trio.Event()
-
-    async def arm_and_park(self, op: Operation, owner: Port) -> None:
-        """``arm`` then ``park`` (a wake is posted to this run, after arming)."""
-        self.arm(op)
-        await self.park(op, owner)
+        self.new_waiter: Callable[[], trio.Event] = trio.Event
 
     def unpark(self, op: Operation) -> None:
         """Nothing to forget: a trio caller checks on its own while it waits."""
 
-    async def park(self, op: Operation, owner: Port) -> None:
+    async def park(self, op: Operation) -> None:
         event: trio.Event = op.waiter
         move_on_after = self._trio.move_on_after
         port = self.port
@@ -173,15 +144,15 @@ class TrioWaker(_PortWaker):
             with move_on_after(LIVENESS_INTERVAL):
                 await event.wait()
             port.drain_owed()
-            (op.owner or owner).check_alive()
+            _check_owner(op)
 
-    async def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
+    async def wait_settled(self, op: Operation, grace: float) -> None:
         trio = self._trio
         with trio.CancelScope(shield=True):
             for timeout in _rounds(self, op, grace):
                 with trio.move_on_after(timeout):
                     await op.waiter.wait()
-                (op.owner or owner).check_alive()  # the owner it has now (a transfer moves it)
+                _check_owner(op)
 
 
 def _set_event(op: Operation) -> None:
@@ -202,10 +173,12 @@ class ThreadWaker:
         self.thread_id: int | None = threading.get_ident()
         self.label = threading.current_thread().name
 
-    def arm(self, op: Operation) -> None:
+    @staticmethod
+    def new_waiter() -> threading.Lock:
+        """A lock held already: the waking side releases it."""
         lock = threading.Lock()
         lock.acquire()
-        op.waiter = lock
+        return lock
 
     def wake(self, op: Operation) -> None:
         try:
@@ -213,12 +186,12 @@ class ThreadWaker:
         except RuntimeError:  # already released by a racing wake
             pass
 
-    def park(self, op: Operation, owner: Port, timeout: float | None = None) -> None:
+    def park(self, op: Operation, timeout: float | None = None) -> None:
         """Wait until woken; ``timeout``: raise ``TimeoutError`` after that many seconds."""
         lock: threading.Lock = op.waiter
         if timeout is None:
             while not lock.acquire(timeout=LIVENESS_INTERVAL):
-                (op.owner or owner).check_alive()
+                _check_owner(op)
             return
         deadline = _perf() + timeout
         while not lock.acquire(timeout=max(0.0, min(LIVENESS_INTERVAL, deadline - _perf()))):
@@ -227,12 +200,20 @@ class ThreadWaker:
                     f"{op.description} gave no result within {timeout} s (the blocking "
                     "face's timeout); it is cancelled on its owner loop"
                 )
-            (op.owner or owner).check_alive()
+            _check_owner(op)
 
-    def wait_settled(self, op: Operation, owner: Port, grace: float) -> None:
+    def wait_settled(self, op: Operation, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
             op.waiter.acquire(timeout=timeout)
-            (op.owner or owner).check_alive()  # the owner it has now (a transfer moves it)
+            _check_owner(op)
+
+
+def _check_owner(op: Operation) -> None:
+    """A waiting caller's liveness check of the owner ``op`` has now (a transfer
+    moves it; every operation that is waited on was submitted, so has one)."""
+    owner = op.owner
+    if owner is not None:
+        owner.check_alive()
 
 
 def _rounds(
@@ -249,7 +230,7 @@ def _rounds(
             remaining = deadline - _perf()
             if remaining <= 0:
                 return
-            waker.arm(op)
+            op.waiter = waker.new_waiter()
             op.parked = True
             if op.outcome is not PENDING:
                 return
@@ -261,13 +242,21 @@ def _rounds(
 def loop_waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:
     """The waker of the callers on ``loop``, the running asyncio loop (one per loop).
 
-    ``route_call`` repeats this function's common case inline (the loop's live
-    port already has a waker) to save a frame per call, and calls it otherwise:
-    a change to how a loop's waker is found changes both.
+    Its common case (the loop's live port has its waker already) is also the
+    first two statements of ``route_call``, which runs once per call and saves
+    this frame; ``tests/core/test_one_definition.py`` fails when the two differ.
     """
-    port: Port | None = getattr(loop, PORT_ATTR, None)
-    if port is None or port.dead is not None:
-        port = running_port(loop)
+    port = getattr(loop, PORT_ATTR, None)
+    if port is None or port.dead is not None or (waker := port.waker) is None:
+        waker = new_loop_waker(loop)
+    found: LoopWaker = waker
+    return found
+
+
+def new_loop_waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:
+    """:func:`loop_waker` past its common case: the loop's port made (or made
+    anew, the old one dead) and given its waker."""
+    port = running_port(loop)
     waker: LoopWaker | None = port.waker
     if waker is None:
         waker = port.waker = LoopWaker(port)
