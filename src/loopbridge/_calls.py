@@ -183,18 +183,37 @@ def call_from_thread(call: Call, timeout: float | None = None) -> Any:
             f"blocking {call.description} on the owner loop's own thread would deadlock: "
             "await loopbridge.proxy(obj) instead"
         )
-    here = _blocked_port()
+    # The cheap test first: on a plain thread (the common case) no frame is spent
+    # looking for a port.
+    here = _blocked_port() if get_running_loop() is not None else None
     if here is not None:
-        owner = opts.ownership.port()
-        check_block(call, owner, here)
-        call.ctx.run(chain.set, (*chain.get(), call))  # its work is part of this wait
-        held, here.blocked = here.blocked, call  # its wakes are sent at once from now on
-        here.flush_deferred()
+        held = _block_loop(call, here)
     try:
-        return _block_on(call, timeout)
+        waker = call.waker = thread_waker()
+        call.waiter = waker.new_waiter()
+        call.submit()
+        try:
+            waker.park(call, timeout)
+        except BaseException:  # KeyboardInterrupt, a timeout: cancel the owner side
+            if call.caller_gives_up(None):
+                waker.wait_settled(call, opts.grace)
+            opts.metrics.returned(call, 0.0)
+            raise
+        return _returned(call, _perf())
     finally:
         if here is not None:
             here.blocked = held
+
+
+def _block_loop(call: Call, here: Port) -> object:
+    """This thread runs ``here``'s loop, which the blocking ``call`` blocks too:
+    refuse a wait that closes a cycle, then mark the loop blocked on ``call``
+    (its wakes are sent at once from now on).  Returns what it was blocked on."""
+    check_block(call, call.opts.ownership.port(), here)
+    call.ctx.run(chain.set, (*chain.get(), call))  # its work is part of this wait
+    held, here.blocked = here.blocked, call
+    here.flush_deferred()
+    return held
 
 
 def _blocked_port() -> Port | None:
@@ -204,21 +223,6 @@ def _blocked_port() -> Port | None:
         return None
     port: Port | None = getattr(loop, PORT_ATTR, None)
     return port if port is not None else running_port(loop)
-
-
-def _block_on(call: Call, timeout: float | None) -> Any:
-    opts = call.opts
-    waker = call.waker = thread_waker()
-    call.waiter = waker.new_waiter()
-    call.submit()
-    try:
-        waker.park(call, timeout)
-    except BaseException:  # KeyboardInterrupt, a timeout: cancel the owner side
-        if call.caller_gives_up(None):
-            waker.wait_settled(call, opts.grace)
-        opts.metrics.returned(call, 0.0)
-        raise
-    return _returned(call, _perf())
 
 
 def cancel_message(exc: BaseException) -> str | None:
