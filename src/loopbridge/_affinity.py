@@ -9,6 +9,7 @@ policy (:func:`set_affinity_check`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import os
@@ -21,7 +22,7 @@ from ._codegen import build, inline_prologue
 from ._compat import get_running_loop, mark_coroutine_function, thread_id_of
 from ._errors import LoopAffinityError
 from ._labels import loop_and_thread
-from ._ownership import _ATTR, ON_OWNER, ownership_of
+from ._ownership import _ATTR, ON_OWNER, Owner, ownership_of
 from ._ports import PORT_ATTR
 from ._trio import in_trio_run
 
@@ -48,7 +49,12 @@ def set_affinity_check(mode: str) -> str:
     return old
 
 
-def _affinity_violation(self: Any, fn: Callable[..., Any], loop: Any, owner: Any) -> None:
+def _affinity_violation(
+    self: object,
+    fn: Callable[..., object],
+    loop: asyncio.AbstractEventLoop | None,
+    owner: Owner,
+) -> None:
     here = loop_and_thread(loop, _get_ident())
     there = loop_and_thread(owner.loop, owner.thread or _owner_thread(owner.loop))
     msg = (
@@ -61,7 +67,7 @@ def _affinity_violation(self: Any, fn: Callable[..., Any], loop: Any, owner: Any
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def _owner_thread(loop: Any) -> int | None:
+def _owner_thread(loop: asyncio.AbstractEventLoop | None) -> int | None:
     """The thread running ``loop``: stock loops say; for others, their port saw it."""
     ident = thread_id_of(loop)
     if ident is None:
@@ -69,7 +75,7 @@ def _owner_thread(loop: Any) -> int | None:
     return ident
 
 
-def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]:
+def guarded(fn: Callable[..., object], slotted: bool = False) -> Callable[..., object]:
     """Wrap an async member so direct use off its owner loop is caught.
 
     The check runs at the first step, where the coroutine (or async generator)
@@ -111,7 +117,7 @@ def guarded(fn: Callable[..., Any], slotted: bool = False) -> Callable[..., Any]
     return guarded
 
 
-def _inlined(fn: Callable[..., Any], slotted: bool) -> Callable[..., Any] | None:
+def _inlined(fn: Callable[..., object], slotted: bool) -> Callable[..., object] | None:
     """``fn`` with the check compiled in front of its body (no wrapper, no extra
     frame); ``None`` where that can't be done exactly (see ``inline_prologue``)."""
     code = getattr(fn, "__code__", None)
@@ -132,7 +138,7 @@ def _inlined(fn: Callable[..., Any], slotted: bool) -> Callable[..., Any] | None
     return inline_prologue(fn, text.replace("__lb_", "_loopbridge_"), env)
 
 
-def _check(self: Any, fn: Callable[..., Any], first_step: bool = False) -> None:
+def _check(self: object, fn: Callable[..., object], first_step: bool = False) -> None:
     """The slow half of the check: this thread does not run the owner loop.
 
     At a coroutine's first step (``first_step``) no running asyncio loop is
@@ -194,5 +200,7 @@ def make({make_params}):
 )
 
 
-def original(fn: Any) -> Any:
+def original(fn: object) -> Any:
+    """The member a guarded wrapper wraps, else ``fn`` itself (``Any``: the caller
+    knows what kind of class attribute it looked up)."""
     return getattr(fn, _ORIGINAL, fn)

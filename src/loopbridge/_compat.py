@@ -24,7 +24,7 @@ import itertools
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol, TypeVar
 
 from ._errors import UnsupportedRuntime
 
@@ -94,7 +94,11 @@ require(
 get_running_loop: Callable[[], asyncio.AbstractEventLoop | None] = asyncio._get_running_loop
 
 
-def check_counter_repr(count: Callable[[], Any] = itertools.count) -> None:
+class _Counter(Protocol):
+    def __next__(self) -> object: ...
+
+
+def check_counter_repr(count: Callable[[], _Counter] = itertools.count) -> None:
     """``repr(itertools.count())`` is ``count(N)``: counters readable without a lock."""
     c = count()
     next(c)
@@ -119,10 +123,13 @@ HAS_NATIVE_EAGER = sys.version_info >= (3, 12)
 #: Python 3.11+: ``Task(..., context=ctx)``.
 HAS_TASK_CONTEXT = sys.version_info >= (3, 11)
 
+#: A function to mark, given back as it was.
+_Fn = TypeVar("_Fn", bound=Callable[..., object])
+
 if sys.version_info >= (3, 12):
     import inspect
 
-    mark_coroutine_function: Callable[[Any], Any] = inspect.markcoroutinefunction
+    mark_coroutine_function = inspect.markcoroutinefunction
 else:
     _IS_COROUTINE = getattr(asyncio.coroutines, "_is_coroutine", None)
     require(
@@ -131,8 +138,8 @@ else:
         "marking a generated wrapper as a coroutine function before 3.12",
     )
 
-    def mark_coroutine_function(fn: Any) -> Any:
-        fn._is_coroutine = _IS_COROUTINE
+    def mark_coroutine_function(fn: _Fn) -> _Fn:
+        fn._is_coroutine = _IS_COROUTINE  # type: ignore[attr-defined]
         return fn
 
 
@@ -188,20 +195,20 @@ require(
 )
 
 
-def callback_of(handle: asyncio.Handle) -> Any:
+def callback_of(handle: asyncio.Handle) -> Callable[..., object]:
     """What a ready handle of a stock loop will call."""
-    return handle._callback  # type: ignore[attr-defined]
+    return handle._callback  # type: ignore[attr-defined, no-any-return]
 
 
-def self_reader(loop: object) -> Any:
+def self_reader(loop: object) -> Callable[[], object] | None:
     """The callback a stock selector loop runs when another thread wakes it
     (None for other loops: their wake-up is not a ready handle)."""
     if isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
-        return loop._read_from_self  # type: ignore[attr-defined]
+        return loop._read_from_self  # type: ignore[attr-defined, no-any-return]
     return None
 
 
-def ready_queue(loop: object) -> collections.deque[Any] | None:
+def ready_queue(loop: object) -> collections.deque[asyncio.Handle] | None:
     """The ready queue of a stock loop (checked by :func:`check_loop`), else None."""
     return loop._ready if is_stock_loop(loop) else None  # type: ignore[attr-defined]
 

@@ -10,7 +10,7 @@ itself builds them with ``Cls._create(...)``.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 __all__ = ["NoPublicConstructor"]
 
@@ -24,11 +24,11 @@ class NoPublicConstructor(type):
     error message then names.
     """
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> NoReturn:
+    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
         factory = getattr(cls, "_lb_factory", None)
         hint = f"; get one from {factory}" if factory else ""
         raise TypeError(f"{cls.__qualname__} has no public constructor{hint}")
 
-    def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:
+    def _create(cls: type[T], *args: object, **kwargs: object) -> T:
         # type.__call__ runs __new__ and __init__ as a plain class call would.
         return type.__call__(cls, *args, **kwargs)  # type: ignore[no-any-return]

@@ -18,9 +18,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ._compat import thread_id_of
 from ._labels import thread_name
@@ -38,6 +38,7 @@ __all__ = [
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ASYNCIO_DIR = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
 _ASYNCIO_EVENTS = os.path.abspath(asyncio.events.__file__)
+T = TypeVar("T")
 
 
 class SubmissionSites:
@@ -101,7 +102,7 @@ def record_submission_sites(enabled: bool = True) -> bool:
 
 
 # ------------------------------------------------------------------- dump
-def _await_chain(awaitable: Any, limit: int = 6) -> list[str]:
+def _await_chain(awaitable: object, limit: int = 6) -> list[str]:
     """Where a suspended coroutine / async generator chain is, outermost first,
     without loopbridge's own frames."""
     out: list[str] = []
@@ -133,7 +134,7 @@ def _owner_thread(port: Port, frames: dict[int, FrameType]) -> tuple[str | None,
     return name, (_where(frame) if frame is not None else None)
 
 
-def _snapshot(d: dict[Any, None] | set[Any]) -> list[Any]:
+def _snapshot(d: Iterable[T]) -> list[T]:
     while True:
         try:
             return list(d)
@@ -225,7 +226,7 @@ def format_inflight(entries: list[dict[str, Any]] | None = None) -> str:
 
 
 # ------------------------------------------------------------- signal hook
-_Handler = Callable[[int, Any], Any] | int | signal.Handlers | None
+_Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 
 def install_hang_dump(sig: int | None = None, *, file: IO[str] | None = None) -> _Handler:
@@ -246,7 +247,7 @@ def install_hang_dump(sig: int | None = None, *, file: IO[str] | None = None) ->
         if sig is None:  # pragma: no cover - Windows
             raise ValueError("this platform has no SIGUSR1: pass the signal to use")
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         out = file if file is not None else sys.stderr
         out.write(format_inflight())
         out.flush()

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextvars
-from typing import Any
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import NoReturn, TypeVar
 
 from ._compat import HAS_NATIVE_EAGER, HAS_TASK_CONTEXT, TASK_FACTORY_ATTR
 
@@ -28,11 +30,12 @@ __all__ = ["NATIVE_EAGER", "start_task", "step_then_task"]
 NATIVE_EAGER = HAS_NATIVE_EAGER
 _Task = asyncio.Task
 _NOT_STOCK = object()  # uvloop and other loops have no such attribute
+T = TypeVar("T")
 
 
 def start_task(
-    loop: asyncio.AbstractEventLoop, coro: Any, ctx: contextvars.Context
-) -> asyncio.Task[Any]:
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[object, object, T], ctx: contextvars.Context
+) -> asyncio.Task[T]:
     """A task for ``coro`` in context ``ctx``, started eagerly where the runtime can."""
     if not HAS_TASK_CONTEXT:  # 3.10: Task() has no context argument; it copies the current one
         return ctx.run(loop.create_task, coro)
@@ -59,29 +62,35 @@ class _Resume(collections.abc.Coroutine):  # type: ignore[type-arg]
 
     __slots__ = ("coro", "pending")
 
-    def __init__(self, coro: Any, pending: Any) -> None:
+    def __init__(self, coro: Coroutine[object, object, object], pending: object) -> None:
         self.coro = coro
         self.pending = pending  # what the first step yielded
 
-    def send(self, value: Any) -> Any:
+    def send(self, value: object) -> object:
         pending = self.pending
         if pending is not _EMPTY:
             self.pending = _EMPTY
             return pending
         return self.coro.send(value)
 
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+    def throw(
+        self,
+        typ: BaseException | type[BaseException],
+        val: object = None,
+        tb: TracebackType | None = None,
+    ) -> object:
         # A cancel before the task's first step lands where the coroutine is
         # suspended, exactly as if the task had been running it all along.
         self.pending = _EMPTY
         if val is None and tb is None:
             return self.coro.throw(typ)
-        return self.coro.throw(typ, val, tb)  # pragma: no cover - legacy signature
+        # The legacy signature: ``typ`` is then the exception's type.
+        return self.coro.throw(typ, val, tb)  # type: ignore[arg-type]  # pragma: no cover
 
     def close(self) -> None:
         self.coro.close()
 
-    def __await__(self) -> Any:  # pragma: no cover - only ever run by a Task
+    def __await__(self) -> NoReturn:  # pragma: no cover - only ever run by a Task
         raise TypeError("internal coroutine wrapper")
 
 
@@ -89,8 +98,8 @@ _EMPTY = object()
 
 
 def step_then_task(
-    loop: asyncio.AbstractEventLoop, coro: Any, ctx: contextvars.Context
-) -> asyncio.Task[Any] | None:
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[object, object, T], ctx: contextvars.Context
+) -> asyncio.Task[T] | None:
     """Python 3.11, opt-in: run the first step now, without a task.
 
     A coroutine that finishes in that step never gets a task (saving its

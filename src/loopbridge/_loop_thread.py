@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ._errors import LoopAffinityError, OwnerLoopClosed
 
@@ -95,7 +95,7 @@ class LoopThread:
                 asyncio.set_event_loop(None)
                 loop.close()
 
-    def run(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
+    def run(self, fn: Callable[..., Awaitable[R]], *args: object) -> R:
         """Run ``fn(*args)`` on the loop and block until it returns."""
         loop = self.loop
         if not self.running:

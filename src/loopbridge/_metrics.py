@@ -30,7 +30,7 @@ import weakref
 from collections import deque
 from itertools import compress, repeat, starmap
 from operator import sub as _sub
-from typing import Any
+from typing import Any, Protocol
 
 from ._compat import counter_value as _value
 from ._construction import NoPublicConstructor
@@ -53,6 +53,18 @@ _CALL_KEYS = ("ok", "errors", "cancelled", "caller_cancels", "submitted")
 _STREAM_KEYS = (
     "completed", "errors", "cancelled", "consumer_closes", "opened", "items", "wakeups", "unread",
 )  # fmt: skip
+
+
+class _Timed(Protocol):
+    """What :class:`Metrics` reads of a finished call or stream: its
+    ``perf_counter`` times (``t_start`` 0.0 if it never started on the owner)."""
+
+    @property
+    def t_submit(self) -> float: ...
+    @property
+    def t_start(self) -> float: ...
+    @property
+    def t_end(self) -> float: ...
 
 
 class Totals:
@@ -263,7 +275,7 @@ class Metrics(metaclass=NoPublicConstructor):
         return f"<loopbridge metrics of {self.name}>"
 
     # -- calls (any thread) -------------------------------------------------
-    def returned(self, op: Any, t_return: float) -> None:
+    def returned(self, op: _Timed, t_return: float) -> None:
         """The caller received the outcome: record all three latencies at once."""
         if op.t_start:
             self._samples.append((op.t_submit, op.t_start, op.t_end, t_return))
@@ -275,7 +287,7 @@ class Metrics(metaclass=NoPublicConstructor):
         next(self._caller_cancels)
 
     # -- streams (any thread) -----------------------------------------------
-    def stream_ended(self, op: Any) -> None:
+    def stream_ended(self, op: _Timed) -> None:
         """A stream ended: record its admission latency (if it started)."""
         if op.t_start:
             # Admission only: a stream's lifetime is set by its consumer.

@@ -15,7 +15,7 @@ import asyncio
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from types import MappingProxyType, MemberDescriptorType
 from typing import Any
 
@@ -89,13 +89,13 @@ class Ownership:
         self.metrics = Metrics._create(name)
         self.obj_id = 0  # id() of the object it is attached to (attach sets it)
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
         # A record belongs to one object in one process: a copy or an unpickled
         # object has none (a @loop_affine class gives its copies their own, see
         # _declare), never this one, and pickling it never fails on its contents.
         return (_no_record, ())
 
-    def spec_key(self) -> tuple[Any, ...]:
+    def spec_key(self) -> Hashable:
         """The declarations as one hashable value (a proxy class is cached by it)."""
         return self._key  # declarations are fixed at construction
 
@@ -204,7 +204,7 @@ on_owner_thread.__doc__ = "True when the owner loop is the loop running on this 
 # the object dies.  The table never hashes or compares the object (equal
 # dataclasses are distinct objects, unhashable ones are common); only an object
 # that has neither a __dict__ nor weak references is kept alive by its entry.
-_foreign: dict[int, tuple[Any, Ownership]] = {}
+_foreign: dict[int, tuple[object, Ownership]] = {}
 
 
 def _no_record() -> None:
@@ -246,13 +246,13 @@ def attach(obj: object, ownership: Ownership) -> None:
         return
     key = id(obj)
     try:
-        ref: Any = weakref.ref(obj, functools.partial(_forget, key))
+        ref: object = weakref.ref(obj, functools.partial(_forget, key))
     except TypeError:
         ref = obj  # neither a __dict__ nor weak references: keep it alive with its record
     _foreign[key] = (ref, ownership)
 
 
-def _forget(key: int, ref: weakref.ref[Any]) -> None:
+def _forget(key: int, ref: weakref.ref[object]) -> None:
     entry = _foreign.get(key)
     if entry is not None and entry[0] is ref:
         del _foreign[key]

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from types import TracebackType
 from typing import Any
 
 from ._calls import Call, call_from_thread, route_call, route_exit
@@ -46,9 +47,14 @@ __all__ = ["Pending", "Own"]
 
 #: How the proxy layer turns an owner-side value into what the caller gets:
 #: ``own(value, rule, what, opts)``.
-Own = Callable[[Any, "Owned | None", str, Options], Any]
+Own = Callable[[object, "Owned | None", str, Options], object]
+#: How a use off the owner's thread is sent there: ``route_call``, or
+#: ``route_exit`` for ``__aexit__``.
+_Route = Callable[..., Awaitable[object]]
+#: What runs on the owner for each use: ``fn(pending, *args)``.
+_OnOwner = Callable[..., Awaitable[object]]
 
-_UNMADE: Any = object()
+_UNMADE = object()
 
 
 class Pending:
@@ -58,15 +64,19 @@ class Pending:
     owner loop.  Its blocking face (``loopbridge.blocking(pending)``) is a
     context manager and an iterator, and its ``result()`` waits for what
     awaiting it gives.
+
+    What awaiting, entering and iterating give is typed ``Any``: the member's
+    result (or a proxy of it), an object of the user's whose members the caller
+    uses as that object's own.
     """
 
     __slots__ = ("_fn", "_args", "_kwargs", "_rule", "_opts", "_what", "_own", "_obj", "ahead")
 
     def __init__(
         self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        fn: Callable[..., object],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
         rule: Owned,
         opts: Options,
         what: str,
@@ -79,7 +89,9 @@ class Pending:
         self._opts = opts
         self._what = what
         self._own = own
-        self._obj = _UNMADE  # the member's result: owner side only
+        # The member's result, the user's object, used by its protocol (awaited,
+        # entered, iterated): owner side only.
+        self._obj: Any = _UNMADE
         # Iterated, the object is made for this stream (and cancelled if left
         # early, see _iterate_on_owner): batched, unless loopbridge.read_ahead()
         # says otherwise.
@@ -89,13 +101,18 @@ class Pending:
         return f"<loopbridge pending result of {self._what}>"
 
     # -- async faces -------------------------------------------------------------
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[object, None, Any]:
         return self._call(_await_on_owner, ()).__await__()
 
-    def __aenter__(self) -> Any:
+    def __aenter__(self) -> Awaitable[Any]:
         return self._call(_enter_on_owner, ())
 
-    def __aexit__(self, et: Any, exc: Any, tb: Any) -> Any:
+    def __aexit__(
+        self,
+        et: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Awaitable[bool | None]:
         return self._call(_exit_on_owner, (et, exc, tb), route_exit)
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -105,8 +122,8 @@ class Pending:
         return RemoteStream(ch)
 
     def _call(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], route: Callable[..., Any] = route_call
-    ) -> Any:
+        self, fn: _OnOwner, args: tuple[object, ...], route: _Route = route_call
+    ) -> Awaitable[Any]:
         opts = self._opts
         if on_owner_thread(opts.ownership):
             return fn(self, *args)
@@ -114,16 +131,18 @@ class Pending:
 
     # -- blocking faces (plain threads; see Blocking) ----------------------------
     # ``timeout``: the blocking face's (see loopbridge.blocking).
-    def _blocking(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: Any) -> Any:
+    def _blocking(self, fn: _OnOwner, args: tuple[object, ...], timeout: float | None) -> object:
         return call_from_thread(Call(fn, (self, *args), {}, self._what, self._opts), timeout)
 
-    def result_blocking(self, timeout: float | None = None) -> Any:
+    def result_blocking(self, timeout: float | None = None) -> object:
         return self._blocking(_await_on_owner, (), timeout)
 
-    def enter_blocking(self, timeout: float | None = None) -> Any:
+    def enter_blocking(self, timeout: float | None = None) -> object:
         return self._blocking(_enter_on_owner, (), timeout)
 
-    def exit_blocking(self, et: Any, exc: Any, tb: Any, timeout: float | None = None) -> Any:
+    def exit_blocking(
+        self, et: object, exc: object, tb: object, timeout: float | None = None
+    ) -> object:
         return self._blocking(_exit_on_owner, (et, exc, tb), timeout)
 
     def iter_blocking(self, timeout: float | None = None) -> BlockingStream[Any]:
@@ -139,7 +158,7 @@ def _made(p: Pending) -> Any:
     return obj
 
 
-async def _await_on_owner(p: Pending) -> Any:
+async def _await_on_owner(p: Pending) -> object:
     obj = _made(p)
     if not hasattr(type(obj), "__await__"):
         raise _lacks(p, obj, "__await__", "awaitable")
@@ -148,14 +167,14 @@ async def _await_on_owner(p: Pending) -> Any:
     return p._own(value, rule, f"awaiting {p._what}", p._opts)
 
 
-def _lacks(p: Pending, obj: Any, member: str, what: str) -> TypeError:
+def _lacks(p: Pending, obj: object, member: str, what: str) -> TypeError:
     return TypeError(
         f"{p._what} gave a {type(obj).__qualname__} object, which is not {what} "
         f"(its class has no {member})"
     )
 
 
-async def _enter_on_owner(p: Pending) -> Any:
+async def _enter_on_owner(p: Pending) -> object:
     obj = _made(p)
     if not hasattr(type(obj), "__aenter__"):
         raise _lacks(p, obj, "__aenter__", "an async context manager")
@@ -165,12 +184,12 @@ async def _enter_on_owner(p: Pending) -> Any:
     return p._own(entered, rule, f"entering {p._what}", p._opts)
 
 
-async def _exit_on_owner(p: Pending, et: Any, exc: Any, tb: Any) -> Any:
+async def _exit_on_owner(p: Pending, et: object, exc: object, tb: object) -> object:
     obj = p._obj
     return await type(obj).__aexit__(obj, et, exc, tb)
 
 
-async def _iterate_on_owner(p: Pending) -> AsyncIterator[Any]:
+async def _iterate_on_owner(p: Pending) -> AsyncIterator[object]:
     obj = _made(p)
     rule = p._rule.returns.get("__anext__")
     what = f"iterating {p._what}"
@@ -202,7 +221,7 @@ async def _iterate_on_owner(p: Pending) -> AsyncIterator[Any]:
 _FUTURE_PROTOCOL = ("cancel", "cancelled", "done", "add_done_callback")
 
 
-def is_operation(obj: Any) -> bool:
+def is_operation(obj: object) -> bool:
     """Whether ``obj`` follows the future protocol (it is an operation in flight)."""
     if isinstance(obj, (asyncio.Future, concurrent.futures.Future)):
         return True

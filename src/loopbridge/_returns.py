@@ -25,7 +25,7 @@ import asyncio
 import inspect
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Protocol
 
 __all__ = ["Owned", "PLAIN", "loop_state", "names", "check_rules"]
 
@@ -108,7 +108,7 @@ class Owned:
         set_(self, "returns", MappingProxyType(rules))  # shared and hashed: read-only
         set_(self, "_key", (self.stable, self.threadsafe, frozenset(rules.items())))
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("loopbridge.Owned rules are immutable")
 
     def __eq__(self, other: object) -> bool:
@@ -137,7 +137,7 @@ PLAIN = frozenset(
 _BOUND = (asyncio.AbstractEventLoop, asyncio.Future, asyncio.BaseTransport)
 
 
-def _bound_kind(value: Any) -> str | None:
+def _bound_kind(value: object) -> str | None:
     if isinstance(value, _BOUND):
         return type(value).__qualname__
     if inspect.iscoroutine(value) or inspect.isasyncgen(value):
@@ -152,7 +152,7 @@ def _bound_kind(value: Any) -> str | None:
 _loop_classes: dict[type, bool] = {}
 
 
-def _binds_a_loop(value: Any) -> bool:
+def _binds_a_loop(value: object) -> bool:
     """Whether ``value`` keeps a ``_loop`` that is not set yet (``None``): its own, or
     its class's (asyncio's primitives declare ``_loop = None`` on the class)."""
     try:
@@ -170,7 +170,7 @@ def _binds_a_loop(value: Any) -> bool:
     return found
 
 
-def loop_state(obj: Any) -> str | None:
+def loop_state(obj: object) -> str | None:
     """Where ``obj`` holds loop-bound state, in words, or ``None`` if it shows none.
 
     Loop-bound: holding an event loop, being or holding a future or task, a
@@ -200,8 +200,8 @@ def loop_state(obj: Any) -> str | None:
     return None
 
 
-def _attributes(obj: Any) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
+def _attributes(obj: object) -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
     try:
         d = object.__getattribute__(obj, "__dict__")
     except AttributeError:
@@ -216,19 +216,29 @@ def _attributes(obj: Any) -> list[tuple[str, Any]]:
     return out
 
 
-_slot_cache: dict[type, tuple[tuple[str, Any], ...]] = {}
+class _Slot(Protocol):
+    """A slot's descriptor (a ``member_descriptor``, or whatever a class put there)."""
+
+    def __get__(self, obj: object, owner: type, /) -> object: ...
 
 
-def _slots(cls: type) -> tuple[tuple[str, Any], ...]:
+_slot_cache: dict[type, tuple[tuple[str, _Slot], ...]] = {}
+
+
+def _slots(cls: type) -> tuple[tuple[str, _Slot], ...]:
     """The slot descriptors of ``cls`` and its bases (cached per class)."""
     found = _slot_cache.get(cls)
     if found is None:
-        items = []
+        items: list[tuple[str, _Slot]] = []
         for klass in cls.__mro__:
             slots = klass.__dict__.get("__slots__", ())
             for slot in (slots,) if isinstance(slots, str) else slots:
-                descriptor = klass.__dict__.get(slot)
-                if slot not in ("__dict__", "__weakref__") and hasattr(descriptor, "__get__"):
+                descriptor: _Slot | None = klass.__dict__.get(slot)
+                if (
+                    slot not in ("__dict__", "__weakref__")
+                    and descriptor is not None
+                    and hasattr(descriptor, "__get__")
+                ):
                     items.append((slot, descriptor))
         found = _slot_cache.setdefault(cls, tuple(items))
     return found

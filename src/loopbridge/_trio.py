@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._ports import Port
 
+if TYPE_CHECKING:
+    import trio
+
 __all__ = ["trio_port", "in_trio_run"]
 
-_run_var: Any = None
+_run_var: trio.lowlevel.RunVar[Port] | None = None
 
 
 def in_trio_run() -> bool:

@@ -34,10 +34,11 @@ import importlib.util
 import inspect
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from types import ModuleType, TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+from .._compat import thread_id_of
 from .._labels import loop_label, thread_name
 from . import _sites
 from ._report import Kind, SanitizerReport, emitter
@@ -49,8 +50,8 @@ _active = False
 _get_running_loop = asyncio.events._get_running_loop
 _get_ident = threading.get_ident
 
-_ORIG_FUTURE: type[asyncio.Future[Any]] = asyncio.futures.Future
-_ORIG_TASK: type[asyncio.Task[Any]] = asyncio.tasks.Task
+_ORIG_FUTURE: type[asyncio.Future[object]] = asyncio.futures.Future
+_ORIG_TASK: type[asyncio.Task[object]] = asyncio.tasks.Task
 
 _BIND = "_loopbridge_bind"
 _THREAD = "_loopbridge_thread_id"
@@ -65,6 +66,25 @@ class _Bind(NamedTuple):
     loop: asyncio.AbstractEventLoop
     site: Site
     how: str
+
+
+class _Primitive(Protocol):
+    """An asyncio primitive (Event, Lock, Semaphore, Condition, Queue): bound to
+    a loop by its first waiter, ``None`` before that."""
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+
+class _OnLoop(Protocol):
+    """A future or task: bound to its loop from birth."""
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop: ...
+
+
+#: A patched method, or what replaces it.
+_F = Callable[..., object]
 
 
 # --- suppression of nested reports ------------------------------------------
@@ -91,7 +111,7 @@ _nested = _Nested()
 
 
 def _loop_thread_id(loop: asyncio.AbstractEventLoop) -> int | None:
-    tid: int | None = getattr(loop, "_thread_id", None)
+    tid = thread_id_of(loop)
     if tid is None:  # uvloop: recorded by our run_forever wrapper
         tid = getattr(loop, _THREAD, None)
     return tid
@@ -176,7 +196,7 @@ def _subject(obj: object) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}@{id(obj):#x}"
 
 
-def _check_primitive(prim: Any, op: str) -> bool:
+def _check_primitive(prim: _Primitive, op: str) -> bool:
     cur = _get_running_loop()
     owner: asyncio.AbstractEventLoop | None = prim._loop
     bind: _Bind | None = getattr(prim, _BIND, None)
@@ -210,7 +230,7 @@ def _check_primitive(prim: Any, op: str) -> bool:
     return _violation(op, verdict, owner, cur, _subject(prim), site, how, waiters)
 
 
-def _check_future(fut: Any, op: str) -> bool:
+def _check_future(fut: _OnLoop, op: str) -> bool:
     owner: asyncio.AbstractEventLoop = fut._loop
     cur = _get_running_loop()
     verdict = _judge(owner, cur)
@@ -247,14 +267,14 @@ class _Meta(type):
         return issubclass(sub, cls._lb_base)
 
 
-def _checked(base: type, name: str) -> Any:
+def _checked(base: type, name: str) -> _F:
     """``base.name`` with the ownership check in front (the Future/Task methods
     that wake or schedule onto the object's loop)."""
-    orig = base.__dict__[name]
+    orig: _F = base.__dict__[name]
     op = f"asyncio.{base.__name__}.{name}"
 
     @functools.wraps(orig)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def method(self: _OnLoop, *args: object, **kwargs: object) -> object:
         if _active and _get_running_loop() is not self._loop and _check_future(self, op):
             with _nested:
                 return orig(self, *args, **kwargs)
@@ -282,7 +302,11 @@ class SanTask(_ORIG_TASK, metaclass=_Meta):  # type: ignore[misc,valid-type]
     __slots__ = ("_lb_site",)
 
     def __init__(
-        self, coro: Any, *, loop: asyncio.AbstractEventLoop | None = None, **kwargs: Any
+        self,
+        coro: Coroutine[object, object, object],
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        **kwargs: Any,  # Task's own keywords (name, context, eager_start), as this Python has them
     ) -> None:
         # Before the base __init__: on 3.12+ an eager task may start running there.
         self._lb_site: Site | None = _sites.capture() if _active else None
@@ -294,10 +318,8 @@ class SanTask(_ORIG_TASK, metaclass=_Meta):  # type: ignore[misc,valid-type]
 
 # --- wrappers ------------------------------------------------------------------
 
-_F = Callable[..., Any]
 
-
-def _owner_of(prim: Any) -> asyncio.AbstractEventLoop | None:
+def _owner_of(prim: _Primitive) -> asyncio.AbstractEventLoop | None:
     owner: asyncio.AbstractEventLoop | None = prim._loop
     if owner is None:
         bind: _Bind | None = getattr(prim, _BIND, None)
@@ -307,8 +329,12 @@ def _owner_of(prim: Any) -> asyncio.AbstractEventLoop | None:
 
 
 async def _checked_run(
-    orig: _F, op: str, prim: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
+    orig: Callable[..., Awaitable[object]],
+    op: str,
+    prim: _Primitive,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+) -> object:
     _check_primitive(prim, op)
     return await orig(prim, *args, **kwargs)
 
@@ -321,7 +347,7 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
         # already runs on the owner loop, hand back the original coroutine;
         # otherwise a coroutine that checks once it runs.
         @functools.wraps(orig)
-        def coroutine_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def coroutine_wrapper(self: _Primitive, *args: object, **kwargs: object) -> object:
             if _active:
                 owner = _owner_of(self)
                 if owner is None or owner is not _get_running_loop():
@@ -335,7 +361,7 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
     if list(inspect.signature(orig).parameters) == ["self"]:
         # set(), clear(), release()...: skip the *args/**kwargs packing.
         @functools.wraps(orig)
-        def no_arg_wrapper(self: Any) -> Any:
+        def no_arg_wrapper(self: _Primitive) -> object:
             if _active:
                 owner = self._loop
                 if owner is None:
@@ -352,7 +378,7 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
         return no_arg_wrapper
 
     @functools.wraps(orig)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: _Primitive, *args: object, **kwargs: object) -> object:
         if _active:
             owner = self._loop
             if owner is None:  # inlined _owner_of: this is the hot path
@@ -369,7 +395,7 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
 
 def _loop_wrapper(orig: _F, op: str) -> _F:
     @functools.wraps(orig)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: asyncio.AbstractEventLoop, *args: object, **kwargs: object) -> object:
         if _active and _get_running_loop() is not self and _check_loop(self, op):
             with _nested:
                 return orig(self, *args, **kwargs)
@@ -378,9 +404,9 @@ def _loop_wrapper(orig: _F, op: str) -> _F:
     return wrapper
 
 
-def _get_loop_wrapper(orig: _F) -> _F:
+def _get_loop_wrapper(orig: Callable[[_Primitive], asyncio.AbstractEventLoop]) -> _F:
     @functools.wraps(orig)
-    def _get_loop(self: Any) -> Any:
+    def _get_loop(self: _Primitive) -> asyncio.AbstractEventLoop:
         if _active and self._loop is None:
             loop: asyncio.AbstractEventLoop = orig(self)
             if getattr(self, "_loop", None) is loop:  # it bound just now
@@ -398,7 +424,7 @@ def _get_loop_wrapper(orig: _F) -> _F:
 
 def _uvloop_create_future(orig: _F) -> _F:
     @functools.wraps(orig)
-    def create_future(self: Any) -> Any:
+    def create_future(self: asyncio.AbstractEventLoop) -> object:
         if not _active:
             return orig(self)
         if _get_running_loop() is not self and _check_loop(self, "loop.create_future"):
@@ -411,7 +437,9 @@ def _uvloop_create_future(orig: _F) -> _F:
 
 def _uvloop_create_task(orig: _F) -> _F:
     @functools.wraps(orig)
-    def create_task(self: Any, coro: Any, **kwargs: Any) -> Any:
+    def create_task(
+        self: asyncio.AbstractEventLoop, coro: Coroutine[object, object, object], **kwargs: object
+    ) -> object:
         if not _active:
             return orig(self, coro, **kwargs)
         if _get_running_loop() is not self and _check_loop(self, "loop.create_task"):
@@ -422,7 +450,12 @@ def _uvloop_create_task(orig: _F) -> _F:
     return create_task
 
 
-def _uvloop_make_task(loop: Any, orig: _F, coro: Any, kwargs: dict[str, Any]) -> Any:
+def _uvloop_make_task(
+    loop: asyncio.AbstractEventLoop,
+    orig: _F,
+    coro: Coroutine[object, object, object],
+    kwargs: dict[str, object],
+) -> object:
     if loop.get_task_factory() is not None:
         return orig(loop, coro, **kwargs)
     name = kwargs.pop("name", None)
@@ -435,7 +468,7 @@ def _uvloop_make_task(loop: Any, orig: _F, coro: Any, kwargs: dict[str, Any]) ->
 def _uvloop_run_forever(orig: _F) -> _F:
     # uvloop keeps its thread to itself; remember it for reports.
     @functools.wraps(orig)
-    def run_forever(self: Any) -> Any:
+    def run_forever(self: asyncio.AbstractEventLoop) -> object:
         setattr(self, _THREAD, _get_ident())
         try:
             return orig(self)
