@@ -74,6 +74,17 @@ class Engine:
             self.count_finished.set()
 
 
+@lb.loop_affine
+class Adder:
+    """Async members with every kind of parameter."""
+
+    async def add(self, a: int, b: int = 1, *rest: int, scale: int = 1, **extra: int) -> int:
+        return (a + b + sum(rest) + sum(extra.values())) * scale
+
+    async def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+
 async def until_set(event: threading.Event, timeout: float = 30.0) -> None:
     """Wait, without blocking the running loop, for an event another thread sets."""
     if not await asyncio.to_thread(event.wait, timeout):
@@ -96,13 +107,14 @@ async def within(aw: Awaitable[T], seconds: float, what: str = "hung") -> T:
         raise AssertionError(hang_dump(f"{what}: not done within {seconds} s")) from None
 
 
-async def _new_engine(name: str = "engine") -> Engine:
+async def make_engine(name: str = "engine") -> Engine:
+    """An :class:`Engine` owned by the loop that runs this."""
     return Engine(name)
 
 
 @pytest.fixture
 def engine(owner: lb.LoopThread) -> Engine:
-    return owner.run(_new_engine)
+    return owner.run(make_engine)
 
 
 async def cancel_once_sleeping(p: Engine, engine: Engine, msg: str) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import contextvars
 import threading
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,11 +17,6 @@ from .conftest import Engine, cancel_once_sleeping, tasks_on, until_set
 from .interleave import Interleaving
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
-
-
-def test_ownership_is_the_constructing_loop(owner: lb.LoopThread, engine: Engine) -> None:
-    assert lb.owner_loop(engine) is owner.loop
-    assert lb.owner_loop(lb.proxy(engine)) is owner.loop
 
 
 def test_result_comes_back_from_the_owner_loop(owner: lb.LoopThread, engine: Engine) -> None:
@@ -224,125 +218,6 @@ def test_not_loop_affine_is_a_typed_error() -> None:
 
     with pytest.raises(lb.LoopAffinityError, match="adopt"):
         lb.proxy(Plain())
-
-
-def test_adopt_a_foreign_instance(asyncio_owner: lb.LoopThread) -> None:
-    class Foreign:  # a class we don't own
-        def __init__(self) -> None:
-            self.config = {"k": 1}
-            self.event = asyncio.Event()
-            self.waiting = threading.Event()
-
-        async def wait_and_get(self) -> str:
-            self.waiting.set()
-            await self.event.wait()
-            return "woken"
-
-        async def set(self) -> None:
-            self.event.set()
-
-    async def make() -> Foreign:
-        return lb.adopt(Foreign(), stable=("config",))
-
-    obj = asyncio_owner.run(make)
-    p = lb.proxy(obj)
-    assert p.config == {"k": 1}
-    assert lb.owner_loop(obj) is asyncio_owner.loop
-    with pytest.raises(lb.LoopAffinityError):
-        lb.adopt(obj)
-
-    async def main() -> None:
-        waiter = asyncio.create_task(p.wait_and_get())
-        await until_set(obj.waiting)
-        await p.set()
-        assert await waiter == "woken"
-
-    asyncio.run(main())
-
-
-def test_unbound_object_and_transfer(asyncio_owner: lb.LoopThread) -> None:
-    e = Engine("late")  # no running loop: no owner yet
-    assert lb.owner_loop(e) is None
-    p = lb.proxy(e)
-
-    async def main() -> None:
-        with pytest.raises(lb.LoopAffinityError, match="transfer"):
-            await p.echo(1)
-
-    asyncio.run(main())
-    lb.transfer(e, asyncio_owner.loop)
-    assert lb.owner_loop(e) is asyncio_owner.loop
-
-    async def again() -> None:
-        assert await p.where() is asyncio_owner.loop
-
-    asyncio.run(again())
-
-
-@pytest.fixture
-def owners_a_b() -> Iterator[tuple[lb.LoopThread, lb.LoopThread]]:
-    a = lb.LoopThread(name="owner-a").start()
-    b = lb.LoopThread(name="owner-b").start()
-    try:
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
-
-
-async def _queued_across_a_transfer(
-    a: lb.LoopThread, b: lb.LoopThread, n: int
-) -> tuple[Engine, list[asyncio.Task[asyncio.AbstractEventLoop]], threading.Event]:
-    """``n`` calls of an object of A's queued on A, held busy, then the object moved
-    to B.  Returns its proxy, the calls, and the event that lets A go on."""
-    e = a.run(_make)
-    p = lb.proxy(e)
-    gate = threading.Event()
-    a.loop.call_soon_threadsafe(gate.wait)
-    calls = [asyncio.ensure_future(p.where()) for _ in range(n)]
-    await asyncio.sleep(0)  # one turn of this loop: every task submits its call
-    assert lb.metrics.metrics_of(p).snapshot()["calls_in_flight"] == n
-    lb.transfer(e, b.loop)
-    return p, calls, gate
-
-
-def test_transfer_with_calls_in_flight_loses_and_misroutes_nothing(
-    owners_a_b: tuple[lb.LoopThread, lb.LoopThread],
-) -> None:
-    a, b = owners_a_b
-
-    async def main() -> None:
-        p, calls, gate = await _queued_across_a_transfer(a, b, 50)
-        gate.set()
-        loops = await asyncio.gather(*calls)
-        # Queued calls were re-routed: every one ran on B, the new owner.
-        assert all(loop is b.loop for loop in loops)
-        assert await p.where() is b.loop
-        # A re-routed call is counted once: 51 submitted, each settled once.
-        snap = lb.metrics.metrics_of(p).snapshot()
-        assert (snap["calls"], snap["ok"], snap["calls_in_flight"]) == (51, 51, 0)
-
-    asyncio.run(main())
-
-
-def test_call_rerouted_to_a_dead_owner_fails_typed_and_is_counted_once(
-    owners_a_b: tuple[lb.LoopThread, lb.LoopThread],
-) -> None:
-    """The re-route's failure path: the call waits in the old owner's queue while
-    the object moves to a new owner that then stops.  The caller gets
-    ``OwnerLoopClosed``, and the call is counted once, as one error."""
-    a, b = owners_a_b
-
-    async def main() -> None:
-        p, (call,), gate = await _queued_across_a_transfer(a, b, 1)
-        b.stop()
-        gate.set()
-        with pytest.raises(lb.OwnerLoopClosed, match=r"owner loop of .* is gone"):
-            await asyncio.wait_for(call, 20)
-        snap = lb.metrics.metrics_of(p).snapshot()
-        assert (snap["calls"], snap["errors"], snap["calls_in_flight"]) == (1, 1, 0)
-
-    asyncio.run(main())
 
 
 async def _make() -> Engine:

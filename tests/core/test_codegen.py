@@ -1,8 +1,10 @@
-"""The hot path has one definition, rendered two ways; both renderings behave alike.
+"""Wrappers with a method's own signature (:mod:`loopbridge._codegen`): the hot path
+has one definition, rendered two ways; both renderings behave alike.
 
 A proxy member and the affinity check are generated from one template each,
 either with the method's own signature or, when that can't be mirrored, with
-plain ``(*args, **kwargs)`` forwarding.  Each test runs both renderings.
+plain ``(*args, **kwargs)`` forwarding.  Each test of the renderings runs both; a
+member a decorator wraps keeps the signature its wrapper really has.
 """
 
 from __future__ import annotations
@@ -18,16 +20,9 @@ import loopbridge as lb
 from loopbridge import _affinity, _codegen, _compat, _faces, _ownership
 from loopbridge._codegen import GENERIC
 
+from .conftest import Adder
+
 RENDERINGS = ["mirrored", "generic"]
-
-
-@lb.loop_affine
-class Adder:
-    async def add(self, a: int, b: int = 1, *rest: int, scale: int = 1, **extra: int) -> int:
-        return (a + b + sum(rest) + sum(extra.values())) * scale
-
-    async def loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
 
 
 def _member(rendering: str) -> Any:
@@ -102,32 +97,6 @@ def test_affinity_check_renderings_alike(asyncio_owner: lb.LoopThread, rendering
             await guarded(adder, 1, 2)
 
     asyncio.run(elsewhere())
-
-
-def test_on_owner_thread(owner: lb.LoopThread) -> None:
-    async def make() -> Adder:
-        return Adder()
-
-    adder = owner.run(make)
-    ownership = _ownership.ownership_of(adder)
-    assert ownership is not None
-
-    async def ask() -> bool:
-        return _ownership.on_owner_thread(ownership)
-
-    assert owner.run(ask) is True  # the owner loop's own thread
-    assert asyncio.run(ask()) is False  # another loop
-    assert _ownership.on_owner_thread(ownership) is False  # a plain thread
-
-    unbound = Adder()  # made while no loop runs: no owner yet
-    own_none = _ownership.ownership_of(unbound)
-    assert own_none is not None and own_none.loop is None
-    assert _ownership.on_owner_thread(own_none) is False
-    assert asyncio.run(ask_none(own_none)) is False
-
-
-async def ask_none(ownership: Any) -> bool:
-    return _ownership.on_owner_thread(ownership)
 
 
 _where = contextvars.ContextVar("where", default="unset")
