@@ -10,7 +10,6 @@ member a decorator wraps keeps the signature its wrapper really has.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 from typing import Any
 
@@ -99,27 +98,31 @@ def test_affinity_check_renderings_alike(asyncio_owner: lb.LoopThread, rendering
     asyncio.run(elsewhere())
 
 
-_where = contextvars.ContextVar("where", default="unset")
+def test_members_wrapped_by_decorators_keep_their_real_signature(
+    asyncio_owner: lb.LoopThread,
+) -> None:
+    import functools
 
+    def injects_retries(fn: Any) -> Any:
+        @functools.wraps(fn)
+        async def wrapper(self: Any, *args: Any, retries: int = 0, **kwargs: Any) -> Any:
+            return (await fn(self, *args, **kwargs), retries)
 
-@lb.loop_affine
-class Reader:
-    async def read(self) -> str:
-        return _where.get()
+        return wrapper
 
+    @lb.loop_affine
+    class Decorated:
+        @injects_retries
+        async def get(self, x: int) -> int:
+            return x
 
-def test_a_call_carries_the_context_of_whoever_awaits_it(owner: lb.LoopThread) -> None:
-    """As a native coroutine would: the context is taken when the call starts."""
+    async def make() -> Decorated:
+        return Decorated()
 
-    async def make() -> Reader:
-        return Reader()
+    p = lb.proxy(asyncio_owner.run(make))
 
-    p = lb.proxy(owner.run(make))
+    async def main() -> None:
+        assert await p.get(1) == (1, 0)
+        assert await p.get(2, retries=3) == (2, 3)  # accepted by the real wrapper
 
-    async def main() -> str:
-        _where.set("when created")
-        coro = p.read()
-        _where.set("when awaited")
-        return await coro
-
-    assert asyncio.run(main()) == "when awaited"
+    asyncio.run(main())

@@ -1,6 +1,6 @@
 """The member-kind table (:mod:`loopbridge._faces`): one row per member kind, and
 the crossing each marshalled member records, from which the blocking face builds
-its own members."""
+its own members; on the owner loop a proxy member calls straight through."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 import loopbridge as lb
 from loopbridge._faces import FACES, Wait, crossings_of
 from loopbridge._members import MemberKind
+
+from .conftest import Engine
 
 
 class Conn:
@@ -65,3 +67,16 @@ def test_the_blocking_face_runs_what_the_crossings_record(owner: lb.LoopThread) 
     assert lb.is_proxy(child)  # an owned result comes back as a proxy
     assert lb.blocking(child).query("y") == "y"
     assert b.label() == "c"
+
+
+def test_same_loop_calls_go_straight_through(owner: lb.LoopThread, engine: Engine) -> None:
+    p = lb.proxy(engine)
+
+    async def on_owner() -> bool:
+        coro = p.echo(1)
+        # Straight through: the real coroutine, no bridging wrapper.
+        direct = getattr(coro, "cr_code", None) is Engine.echo.__wrapped__.__code__  # type: ignore[attr-defined]
+        assert await coro == 1
+        return direct
+
+    assert owner.run(on_owner)

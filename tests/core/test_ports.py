@@ -11,7 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import loopbridge as lb
 from loopbridge._ports import Port, Wake, running_port
+
+from .conftest import make_engine as _make
+from .interleave import Interleaving
 
 
 class NeverRuns:
@@ -118,3 +122,78 @@ def test_a_dead_loop_never_owes_a_wake() -> None:
         return port.wake_state, len(scheduled)
 
     assert _more_ready_then(step) == (Wake.SCHEDULED, 1)
+
+
+# ------------------------------------- wake-ups of real loops, shared by a batch
+def test_concurrent_calls_share_wake_ups(asyncio_owner: lb.LoopThread) -> None:
+    """64 calls made in one loop iteration wake the owner loop once, and their 64
+    results, posted while the caller's loop is busy, wake the caller once.
+
+    The caller's loop is kept busy (blocked on an event) from the owner's wake
+    until the owner has posted every result, so the counts do not depend on how
+    the two threads are scheduled.  How often an idle caller on another core is
+    woken is a matter of timing (``bench_bridge.py --count-wakes`` measures it).
+    """
+    from loopbridge._ports import port_for_loop
+
+    p = lb.proxy(asyncio_owner.run(_make))
+    owner_port = port_for_loop(asyncio_owner.loop)
+
+    async def main(il: Interleaving) -> tuple[int, int]:
+        caller_port = port_for_loop(asyncio.get_running_loop())
+        await p.echo(0)  # warm up: ports exist
+        before = owner_port.wakeups, caller_port.wakeups
+        for _ in range(20):
+            # The owner's 64 results, each appended to this loop's inbox.
+            all_posted = il.count("post.appended", 64, thread=asyncio_owner.thread)
+            woken = owner_port.wakeups
+            calls = asyncio.gather(*(p.echo(i) for i in range(64)))
+            # The calls submit in the next iteration, and their one wake of the
+            # owner goes in the iteration after (the flush they deferred).  Let
+            # both pass, then hold this loop until all 64 results are in its inbox.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert owner_port.wakeups == woken + 1
+            all_posted.wait()
+            assert await calls == list(range(64))
+        return owner_port.wakeups - before[0], caller_port.wakeups - before[1]
+
+    with Interleaving() as il:
+        to_owner, to_caller = asyncio.run(main(il))
+    # 1280 calls: without batching that is 1280 wake-ups each way.
+    assert (to_owner, to_caller) == (20, 20)
+
+
+def test_results_posted_from_the_drain_are_not_deferred(asyncio_owner: lb.LoopThread) -> None:
+    """An eager call that finishes in the owner's drain posts its result from there.
+
+    Woken by another thread, the owner loop still has its self-pipe reader
+    queued behind the drain.  That reader posts nothing, so it is no reason to
+    defer the caller's wake-up to a flush one loop iteration later.
+    """
+    from loopbridge._ports import port_for_loop
+
+    p = lb.proxy(asyncio_owner.run(_make), eager=True)
+    loop = asyncio_owner.loop
+    owner_port = port_for_loop(loop)
+    flushes: list[object] = []
+    schedule = loop.call_soon
+
+    def call_soon(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        if callback == owner_port._flush:
+            flushes.append(callback)
+        return schedule(callback, *args, **kwargs)
+
+    async def main() -> None:
+        assert await p.echo(0) == 0  # warm up: ports exist
+        loop.call_soon = call_soon  # type: ignore[method-assign]
+        try:
+            for i in range(50):
+                assert await p.echo(i) == i
+        finally:
+            del loop.call_soon
+
+    asyncio.run(main())
+    # One flush per call when the reader counted as more work; a flush is
+    # still right when something else happens to be ready on the owner loop.
+    assert len(flushes) < 10, len(flushes)
