@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -67,26 +66,6 @@ def test_blocking_from_a_foreign_loop_thread_works(owner: lb.LoopThread, engine:
         return b.echo(7)  # type: ignore[no-any-return]
 
     assert asyncio.run(main()) == 7
-
-
-def test_loop_thread_run_and_errors() -> None:
-    t = lb.LoopThread(name="runner")
-    with pytest.raises(lb.LoopAffinityError):
-        _ = t.loop  # not started yet
-    with t:
-
-        async def add(a: int, b: int) -> int:
-            return a + b
-
-        async def runs_on() -> threading.Thread:
-            return threading.current_thread()
-
-        assert t.run(add, 2, 3) == 5
-        assert t.running
-        assert t.run(runs_on) is t.thread is not threading.current_thread()
-    assert not t.running
-    with pytest.raises(lb.OwnerLoopClosed):
-        t.run(add, 1, 1)
 
 
 def test_a_subclass_of_the_proxy_class_keeps_the_blocking_members(

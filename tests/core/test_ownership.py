@@ -2,7 +2,7 @@
 one "is this thread running the owner loop?" test.
 
 ``transfer`` swaps the record: an unbound object gets its owner, calls submitted
-before a transfer follow it to the new owner.
+before a transfer follow it to the new owner, and a dead owner's object is revived.
 """
 
 from __future__ import annotations
@@ -131,3 +131,21 @@ def test_on_owner_thread(owner: lb.LoopThread) -> None:
 
 async def ask_none(ownership: Any) -> bool:
     return _ownership.on_owner_thread(ownership)
+
+
+def test_transfer_revives_an_object_whose_owner_died() -> None:
+    first = lb.LoopThread().start()
+    e = first.run(_make)
+    first.stop()
+    p = lb.proxy(e)
+
+    async def main() -> None:
+        with pytest.raises(lb.OwnerLoopClosed):
+            await p.echo(1)
+
+    asyncio.run(main())
+    with lb.LoopThread() as second:
+        lb.transfer(e, second.loop)
+        assert lb.blocking(p).where() is second.loop
+    with pytest.raises(lb.OwnerLoopClosed):
+        lb.transfer(e, second.loop)
