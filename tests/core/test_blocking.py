@@ -1,4 +1,5 @@
-"""The blocking face for plain threads."""
+"""The blocking face for plain threads (:mod:`loopbridge._blocking`): calls and
+iterators that block the calling thread only, bounded by the face's timeout."""
 
 from __future__ import annotations
 
@@ -88,3 +89,29 @@ def test_a_subclass_of_the_proxy_class_keeps_the_blocking_members(
     assert b.echo(7) == 7 and b.where() is owner.loop
     assert list(b.count(3)) == [0, 1, 2]
     assert seen == []  # the face ran what the proxy class marshals
+
+
+# ------------------------------------------------------ blocking waits are bounded
+# On 3e67832 ``blocking()`` had no timeout: a wait that could never end hung for ever.
+def test_a_blocking_call_gives_up_after_its_timeout(owner: lb.LoopThread, engine: Engine) -> None:
+    b = lb.blocking(lb.proxy(engine), timeout=0.2)
+    with pytest.raises(TimeoutError, match=r"Engine\.sleep\(\).*0\.2 s"):
+        b.sleep(30)
+    assert engine.log[0][0] == "cancelled"  # the owner side was cancelled and cleaned up
+    assert engine.log[1][0] == "cleanup done"
+    assert b.echo(3) == 3  # a face with a timeout still answers what is quick
+
+
+def test_a_blocking_stream_gives_up_per_item(owner: lb.LoopThread, engine: Engine) -> None:
+    items = lb.blocking(lb.proxy(engine), timeout=0.2).count(3, 30.0)
+    with pytest.raises(TimeoutError, match=r"Engine\.count\(\)"):
+        next(items)
+    assert engine.count_finished.wait(30)  # closed on the owner
+
+
+def test_timeout_values_are_checked(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        lb.blocking(lb.proxy(engine), timeout=0)
+    b = lb.blocking(lb.proxy(engine))
+    assert lb.blocking(b) is b
+    assert lb.blocking(b, timeout=1.0) is not b  # the same proxy, with a timeout
