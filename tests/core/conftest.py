@@ -4,7 +4,7 @@ import asyncio
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -115,6 +115,52 @@ async def make_engine(name: str = "engine") -> Engine:
 @pytest.fixture
 def engine(owner: lb.LoopThread) -> Engine:
     return owner.run(make_engine)
+
+
+@lb.loop_affine
+class Service:
+    """Issue 33's smaller holes (point 10): async class-level members, results that
+    hold fresh loop-bound state, an owner method that raises ``SystemExit``."""
+
+    registry: ClassVar[list[tuple[str, asyncio.AbstractEventLoop]]] = []
+
+    async def get(self) -> int:
+        return 1
+
+    async def fresh_queue(self) -> asyncio.Queue[int]:
+        return asyncio.Queue()
+
+    async def fresh_event_holder(self) -> Any:
+        return Holder()
+
+    @classmethod
+    async def register(cls, name: str) -> tuple[type, asyncio.AbstractEventLoop]:
+        cls.registry.append((name, asyncio.get_running_loop()))
+        return cls, asyncio.get_running_loop()
+
+    @staticmethod
+    async def version() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    @classmethod
+    async def names(cls) -> AsyncIterator[tuple[type, asyncio.AbstractEventLoop]]:
+        yield cls, asyncio.get_running_loop()
+
+    async def exit(self) -> None:
+        raise SystemExit(3)
+
+
+class Holder:
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()  # not bound to any loop until first used
+
+
+@pytest.fixture
+def service(owner: lb.LoopThread) -> Service:
+    async def make() -> Service:
+        return Service()
+
+    return owner.run(make)
 
 
 async def cancel_once_sleeping(p: Engine, engine: Engine, msg: str) -> None:

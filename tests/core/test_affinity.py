@@ -21,7 +21,7 @@ import trio
 
 import loopbridge as lb
 
-from .conftest import Engine
+from .conftest import Engine, Service
 
 
 @lb.loop_affine
@@ -252,3 +252,18 @@ def test_affinity_check_policy(owner: lb.LoopThread, engine: Engine) -> None:
             lb.set_affinity_check("sometimes")
 
     asyncio.run(main())
+
+
+# Issue 33, point 10: on 3e67832 the error printed two identical loop reprs.
+def test_the_affinity_error_tells_the_two_loops_apart(
+    owner: lb.LoopThread, service: Service
+) -> None:
+    async def main() -> str:
+        with pytest.raises(lb.LoopAffinityError) as info:
+            await service.get()
+        return str(info.value)
+
+    msg = asyncio.run(main())
+    assert f"on thread {threading.current_thread().name!r} (id {threading.get_ident()})" in msg
+    assert f"on thread {owner.name!r}" in msg
+    assert f"0x{id(owner.loop):x}" in msg

@@ -10,7 +10,7 @@ import pytest
 
 import loopbridge as lb
 
-from .conftest import Engine
+from .conftest import Engine, Service
 
 
 def test_blocking_calls_and_iterators(owner: lb.LoopThread, engine: Engine) -> None:
@@ -115,3 +115,10 @@ def test_timeout_values_are_checked(engine: Engine) -> None:
     b = lb.blocking(lb.proxy(engine))
     assert lb.blocking(b) is b
     assert lb.blocking(b, timeout=1.0) is not b  # the same proxy, with a timeout
+
+
+# Issue 33, point 10: on 3e67832 this said "decorate its class with @loop_affine".
+def test_blocking_of_a_blocking_face_is_that_face(service: Service) -> None:
+    b = lb.blocking(lb.proxy(service))
+    assert lb.blocking(b) is b
+    assert lb.blocking(b).get() == 1

@@ -4,13 +4,14 @@ its own members; on the owner loop a proxy member calls straight through."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import loopbridge as lb
 from loopbridge._faces import FACES, Wait, crossings_of
 from loopbridge._members import MemberKind
 
-from .conftest import Engine
+from .conftest import Engine, Service
 
 
 class Conn:
@@ -80,3 +81,20 @@ def test_same_loop_calls_go_straight_through(owner: lb.LoopThread, engine: Engin
         return direct
 
     assert owner.run(on_owner)
+
+
+# Issue 33, point 10: on 3e67832 they ran on the caller's loop, the proxy class as ``cls``.
+def test_async_classmethods_and_staticmethods_run_on_the_owner(
+    owner: lb.LoopThread, service: Service
+) -> None:
+    p = lb.proxy(service)
+
+    async def main() -> None:
+        cls, ran_on = await p.register("a")
+        assert cls is Service and ran_on is owner.loop  # never the proxy class
+        assert await p.version() is owner.loop
+        assert [x async for x in p.names()] == [(Service, owner.loop)]
+
+    asyncio.run(main())
+    assert lb.blocking(p).register("b") == (Service, owner.loop)
+    assert Service.registry[-2:] == [("a", owner.loop), ("b", owner.loop)]

@@ -21,7 +21,7 @@ import pytest
 import loopbridge as lb
 from loopbridge import _streams
 
-from .conftest import Engine, tasks_on, until_set
+from .conftest import Engine, Service, tasks_on, until_set
 
 
 def test_an_owner_side_start_that_raises_fails_the_call(asyncio_owner: lb.LoopThread) -> None:
@@ -294,3 +294,28 @@ def test_a_blocking_stream_on_another_loops_thread_still_streams(
         assert not tasks_on(owner.loop)
     finally:
         other.stop()
+
+
+# ------------------------------------------------- an owner method that stops its loop
+# Issue 33, point 10: KeyboardInterrupt and SystemExit in an owner method stop the
+# owner loop, as they do in asyncio.
+# The owner's thread ends with the SystemExit: that is the behaviour pinned here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_system_exit_in_an_owner_method_stops_the_owner_loop(owner: lb.LoopThread) -> None:
+    """As in asyncio: the exception reaches the caller, and it also propagates out of
+    the owner loop, which stops; its callers then get OwnerLoopClosed."""
+
+    async def make() -> Service:
+        return Service()
+
+    p = lb.proxy(owner.run(make))
+
+    async def main() -> None:
+        with pytest.raises(SystemExit):
+            await p.exit()
+        await asyncio.to_thread(owner._thread.join, 30)  # type: ignore[union-attr]
+        with pytest.raises(lb.OwnerLoopClosed):
+            await asyncio.wait_for(p.get(), 30)
+
+    asyncio.run(main())
+    assert not owner.running

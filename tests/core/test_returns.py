@@ -25,7 +25,7 @@ import uvloop
 import loopbridge as lb
 from loopbridge import Owned
 
-from .conftest import until_set, within
+from .conftest import Service, until_set, within
 
 
 class Response:
@@ -544,3 +544,21 @@ def test_proxies_with_other_rules_get_their_own_class(owner: lb.LoopThread) -> N
         lb.blocking(b).fetch(1).status  # noqa: B018
     del a, b
     gc.collect()
+
+
+# Issue 33, point 10: on 3e67832 a fresh ``Queue`` or ``Event`` (``_loop`` still ``None``)
+# crossed unchecked and bound to the caller's loop.
+def test_a_fresh_queue_or_event_is_caught_before_it_binds_to_the_callers_loop(
+    service: Service,
+) -> None:
+    p = lb.proxy(service)
+
+    async def main() -> None:
+        q = await p.fresh_queue()
+        with pytest.raises(lb.LoopAffinityError, match=r"fresh_queue.*first loop that uses it"):
+            q.put_nowait(1)
+        holder = await p.fresh_event_holder()
+        with pytest.raises(lb.LoopAffinityError, match=r"attribute 'ready'"):
+            holder.ready  # noqa: B018
+
+    asyncio.run(main())
