@@ -1,9 +1,11 @@
 """The awaitable face (:mod:`loopbridge._proxy`): a proxy is an instance of the
 object's own class, made only for loop-affine objects, and tells itself apart from
-the object it stands for.
+the object it stands for; a loop-affine result comes back as a proxy.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -33,3 +35,28 @@ def test_is_proxy_and_unwrap(engine: Engine) -> None:
     assert lb.is_proxy(p) and not lb.is_proxy(engine)
     assert lb.unwrap(p) is engine
     assert lb.unwrap(engine) is engine
+
+
+@lb.loop_affine(stable=("name",))
+class Child:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def where(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+
+@lb.loop_affine
+class Parent:
+    async def child(self) -> Child:
+        return Child("c")
+
+
+def test_loop_affine_result_comes_back_as_a_proxy(owner: lb.LoopThread) -> None:
+    async def make() -> Parent:
+        return Parent()
+
+    p = lb.proxy(owner.run(make))
+    child = lb.blocking(p).child()
+    assert lb.is_proxy(child) and child.name == "c"
+    assert lb.blocking(child).where() is owner.loop
