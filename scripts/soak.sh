@@ -79,7 +79,7 @@ one_run() { # python version: run the suites once, append the result line
     start=$(date +%s)
     tag=run=$start-$BASHPID
     echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v started $tag" >>"$results"
-    ".venv-core-$v/bin/python" -m pytest "${suites[@]}" -m "not vllm" \
+    ".venv-core-$v/bin/python" -m pytest "${suites[@]}" -m "not vllm and not sglang" \
         -q -p no:cacheprovider --timeout 300 >"$log" 2>&1
     rc=$?
     echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v rc=$rc $tag secs=$(($(date +%s) - start)) busy=$busy jobs=$jobs $(tail -n 1 "$log")" >>"$results"

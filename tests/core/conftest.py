@@ -4,7 +4,7 @@ import asyncio
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -74,6 +74,17 @@ class Engine:
             self.count_finished.set()
 
 
+@lb.loop_affine
+class Adder:
+    """Async members with every kind of parameter."""
+
+    async def add(self, a: int, b: int = 1, *rest: int, scale: int = 1, **extra: int) -> int:
+        return (a + b + sum(rest) + sum(extra.values())) * scale
+
+    async def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+
 async def until_set(event: threading.Event, timeout: float = 30.0) -> None:
     """Wait, without blocking the running loop, for an event another thread sets."""
     if not await asyncio.to_thread(event.wait, timeout):
@@ -96,13 +107,60 @@ async def within(aw: Awaitable[T], seconds: float, what: str = "hung") -> T:
         raise AssertionError(hang_dump(f"{what}: not done within {seconds} s")) from None
 
 
-async def _new_engine(name: str = "engine") -> Engine:
+async def make_engine(name: str = "engine") -> Engine:
+    """An :class:`Engine` owned by the loop that runs this."""
     return Engine(name)
 
 
 @pytest.fixture
 def engine(owner: lb.LoopThread) -> Engine:
-    return owner.run(_new_engine)
+    return owner.run(make_engine)
+
+
+@lb.loop_affine
+class Service:
+    """Issue 33's smaller holes (point 10): async class-level members, results that
+    hold fresh loop-bound state, an owner method that raises ``SystemExit``."""
+
+    registry: ClassVar[list[tuple[str, asyncio.AbstractEventLoop]]] = []
+
+    async def get(self) -> int:
+        return 1
+
+    async def fresh_queue(self) -> asyncio.Queue[int]:
+        return asyncio.Queue()
+
+    async def fresh_event_holder(self) -> Any:
+        return Holder()
+
+    @classmethod
+    async def register(cls, name: str) -> tuple[type, asyncio.AbstractEventLoop]:
+        cls.registry.append((name, asyncio.get_running_loop()))
+        return cls, asyncio.get_running_loop()
+
+    @staticmethod
+    async def version() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    @classmethod
+    async def names(cls) -> AsyncIterator[tuple[type, asyncio.AbstractEventLoop]]:
+        yield cls, asyncio.get_running_loop()
+
+    async def exit(self) -> None:
+        raise SystemExit(3)
+
+
+class Holder:
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()  # not bound to any loop until first used
+
+
+@pytest.fixture
+def service(owner: lb.LoopThread) -> Service:
+    async def make() -> Service:
+        return Service()
+
+    return owner.run(make)
 
 
 async def cancel_once_sleeping(p: Engine, engine: Engine, msg: str) -> None:

@@ -1,16 +1,16 @@
-"""The blocking face for plain threads."""
+"""The blocking face for plain threads (:mod:`loopbridge._blocking`): calls and
+iterators that block the calling thread only, bounded by the face's timeout."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import loopbridge as lb
 
-from .conftest import Engine
+from .conftest import Engine, Service
 
 
 def test_blocking_calls_and_iterators(owner: lb.LoopThread, engine: Engine) -> None:
@@ -69,26 +69,6 @@ def test_blocking_from_a_foreign_loop_thread_works(owner: lb.LoopThread, engine:
     assert asyncio.run(main()) == 7
 
 
-def test_loop_thread_run_and_errors() -> None:
-    t = lb.LoopThread(name="runner")
-    with pytest.raises(lb.LoopAffinityError):
-        _ = t.loop  # not started yet
-    with t:
-
-        async def add(a: int, b: int) -> int:
-            return a + b
-
-        async def runs_on() -> threading.Thread:
-            return threading.current_thread()
-
-        assert t.run(add, 2, 3) == 5
-        assert t.running
-        assert t.run(runs_on) is t.thread is not threading.current_thread()
-    assert not t.running
-    with pytest.raises(lb.OwnerLoopClosed):
-        t.run(add, 1, 1)
-
-
 def test_a_subclass_of_the_proxy_class_keeps_the_blocking_members(
     owner: lb.LoopThread, engine: Engine
 ) -> None:
@@ -109,3 +89,36 @@ def test_a_subclass_of_the_proxy_class_keeps_the_blocking_members(
     assert b.echo(7) == 7 and b.where() is owner.loop
     assert list(b.count(3)) == [0, 1, 2]
     assert seen == []  # the face ran what the proxy class marshals
+
+
+# ------------------------------------------------------ blocking waits are bounded
+# On 3e67832 ``blocking()`` had no timeout: a wait that could never end hung for ever.
+def test_a_blocking_call_gives_up_after_its_timeout(owner: lb.LoopThread, engine: Engine) -> None:
+    b = lb.blocking(lb.proxy(engine), timeout=0.2)
+    with pytest.raises(TimeoutError, match=r"Engine\.sleep\(\).*0\.2 s"):
+        b.sleep(30)
+    assert engine.log[0][0] == "cancelled"  # the owner side was cancelled and cleaned up
+    assert engine.log[1][0] == "cleanup done"
+    assert b.echo(3) == 3  # a face with a timeout still answers what is quick
+
+
+def test_a_blocking_stream_gives_up_per_item(owner: lb.LoopThread, engine: Engine) -> None:
+    items = lb.blocking(lb.proxy(engine), timeout=0.2).count(3, 30.0)
+    with pytest.raises(TimeoutError, match=r"Engine\.count\(\)"):
+        next(items)
+    assert engine.count_finished.wait(30)  # closed on the owner
+
+
+def test_timeout_values_are_checked(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        lb.blocking(lb.proxy(engine), timeout=0)
+    b = lb.blocking(lb.proxy(engine))
+    assert lb.blocking(b) is b
+    assert lb.blocking(b, timeout=1.0) is not b  # the same proxy, with a timeout
+
+
+# Issue 33, point 10: on 3e67832 this said "decorate its class with @loop_affine".
+def test_blocking_of_a_blocking_face_is_that_face(service: Service) -> None:
+    b = lb.blocking(lb.proxy(service))
+    assert lb.blocking(b) is b
+    assert lb.blocking(b).get() == 1

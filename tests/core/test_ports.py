@@ -9,9 +9,18 @@ loop has more ready work).
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
+import pytest
+
+import loopbridge as lb
+from loopbridge._ownership import ownership_of
 from loopbridge._ports import Port, Wake, running_port
+
+from .conftest import Engine, until_set
+from .conftest import make_engine as _make
+from .interleave import Interleaving
 
 
 class NeverRuns:
@@ -118,3 +127,183 @@ def test_a_dead_loop_never_owes_a_wake() -> None:
         return port.wake_state, len(scheduled)
 
     assert _more_ready_then(step) == (Wake.SCHEDULED, 1)
+
+
+# ------------------------------------- wake-ups of real loops, shared by a batch
+def test_concurrent_calls_share_wake_ups(asyncio_owner: lb.LoopThread) -> None:
+    """64 calls made in one loop iteration wake the owner loop once, and their 64
+    results, posted while the caller's loop is busy, wake the caller once.
+
+    The caller's loop is kept busy (blocked on an event) from the owner's wake
+    until the owner has posted every result, so the counts do not depend on how
+    the two threads are scheduled.  How often an idle caller on another core is
+    woken is a matter of timing (``bench_bridge.py --count-wakes`` measures it).
+    """
+    from loopbridge._ports import port_for_loop
+
+    p = lb.proxy(asyncio_owner.run(_make))
+    owner_port = port_for_loop(asyncio_owner.loop)
+
+    async def main(il: Interleaving) -> tuple[int, int]:
+        caller_port = port_for_loop(asyncio.get_running_loop())
+        await p.echo(0)  # warm up: ports exist
+        before = owner_port.wakeups, caller_port.wakeups
+        for _ in range(20):
+            # The owner's 64 results, each appended to this loop's inbox.
+            all_posted = il.count("post.appended", 64, thread=asyncio_owner.thread)
+            woken = owner_port.wakeups
+            calls = asyncio.gather(*(p.echo(i) for i in range(64)))
+            # The calls submit in the next iteration, and their one wake of the
+            # owner goes in the iteration after (the flush they deferred).  Let
+            # both pass, then hold this loop until all 64 results are in its inbox.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert owner_port.wakeups == woken + 1
+            all_posted.wait()
+            assert await calls == list(range(64))
+        return owner_port.wakeups - before[0], caller_port.wakeups - before[1]
+
+    with Interleaving() as il:
+        to_owner, to_caller = asyncio.run(main(il))
+    # 1280 calls: without batching that is 1280 wake-ups each way.
+    assert (to_owner, to_caller) == (20, 20)
+
+
+def test_results_posted_from_the_drain_are_not_deferred(asyncio_owner: lb.LoopThread) -> None:
+    """An eager call that finishes in the owner's drain posts its result from there.
+
+    Woken by another thread, the owner loop still has its self-pipe reader
+    queued behind the drain.  That reader posts nothing, so it is no reason to
+    defer the caller's wake-up to a flush one loop iteration later.
+    """
+    from loopbridge._ports import port_for_loop
+
+    p = lb.proxy(asyncio_owner.run(_make), eager=True)
+    loop = asyncio_owner.loop
+    owner_port = port_for_loop(loop)
+    flushes: list[object] = []
+    schedule = loop.call_soon
+
+    def call_soon(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        if callback == owner_port._flush:
+            flushes.append(callback)
+        return schedule(callback, *args, **kwargs)
+
+    async def main() -> None:
+        assert await p.echo(0) == 0  # warm up: ports exist
+        loop.call_soon = call_soon  # type: ignore[method-assign]
+        try:
+            for i in range(50):
+                assert await p.echo(i) == i
+        finally:
+            del loop.call_soon
+
+    asyncio.run(main())
+    # One flush per call when the reader counted as more work; a flush is
+    # still right when something else happens to be ready on the owner loop.
+    assert len(flushes) < 10, len(flushes)
+
+
+# ---------------------------------------------------------- owner liveness
+# Owner death: pending calls and streams fail promptly with OwnerLoopClosed; an
+# owner that is only stopped is not dead.
+def test_asyncio_run_owner_returning_fails_pending_calls() -> None:
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def owner_main() -> None:
+        async def main() -> None:
+            box["engine"] = Engine()
+            box["loop"] = asyncio.get_running_loop()
+            box["release"] = release = asyncio.Event()
+            ready.set()
+            await release.wait()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=owner_main)
+    t.start()
+    ready.wait()
+    p = lb.proxy(box["engine"])
+
+    async def main() -> None:
+        call = asyncio.create_task(p.sleep(30))
+        await until_set(box["engine"].started["sleep"])
+        # asyncio.run returns: tasks cancelled, loop closed
+        box["loop"].call_soon_threadsafe(box["release"].set)
+        with pytest.raises(lb.OwnerLoopClosed):
+            await asyncio.wait_for(call, 5)
+
+    asyncio.run(main())
+    t.join()
+
+
+class SteppedOwner:
+    """An owner loop run in rounds on one thread (``run_forever`` until stopped, then
+    again when resumed), as a loop driven by repeated ``run_until_complete`` is."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.stopped = threading.Event()
+        self._resume = threading.Event()
+        self._quit = False
+        self.thread = threading.Thread(target=self._main, name="stepped-owner")
+
+        async def make() -> Engine:
+            return Engine()
+
+        self.engine = self.loop.run_until_complete(make())
+        self.thread.start()
+
+    def _main(self) -> None:
+        while True:
+            self.loop.run_forever()
+            self.stopped.set()
+            if self._quit:
+                return
+            assert self._resume.wait(30)
+            self._resume.clear()
+            self.stopped.clear()
+
+    def stop(self, quit: bool = False) -> None:
+        self._quit = quit
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        assert self.stopped.wait(30)
+
+    def resume(self) -> None:
+        self._resume.set()
+
+
+def test_a_stopped_owner_is_not_dead_calls_run_when_it_runs_again() -> None:
+    owner = SteppedOwner()
+    p = lb.proxy(owner.engine)
+    b = lb.blocking(p)
+    assert b.echo(1) == 1  # the owner's port exists and has run
+    ownership = ownership_of(owner.engine)
+    assert ownership is not None
+    port = ownership.port()
+    owner.stop()
+    done = threading.Event()
+
+    async def main() -> Any:
+        call = asyncio.create_task(p.echo(2))
+        await asyncio.sleep(0)  # submitted: waits for a loop that is only stopped
+        # What the waiting caller's liveness checks do, as many times as they like:
+        # a stopped loop whose thread lives is not dead (it was after two checks).
+        for _ in range(5):
+            assert await asyncio.to_thread(port.check_alive)
+        assert not call.done()
+        done.set()
+        owner.resume()
+        return await call
+
+    assert asyncio.run(main()) == 2
+    assert done.is_set()
+    owner.stop(quit=True)
+    owner.thread.join(30)
+    # Stopped, and the thread that ran it has ended: now it is dead.
+    with pytest.raises(lb.OwnerLoopClosed):
+        b.echo(3)
+    owner.loop.close()
+    with pytest.raises(lb.OwnerLoopClosed):
+        b.echo(4)

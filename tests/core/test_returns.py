@@ -3,10 +3,9 @@ catches a loop-bound result no rule covers.
 
 The fakes here have the shapes of the real clients (the recipes' tests run the
 real ones): a session whose sync ``get()`` gives an awaitable async context
-manager (aiohttp), an async ``fetch()`` that gives a response object, a stub
-whose attributes are callables that give awaitable and async-iterable calls
-(grpc.aio), and an async generator of loop-bound items.  Every owner-side
-member asserts it runs on the owner loop.
+manager (aiohttp), an async ``fetch()`` that gives a response object, and an async
+generator of loop-bound items.  Every owner-side member asserts it runs on the
+owner loop.  grpc.aio's stubs are in test_pending.py.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import uvloop
 import loopbridge as lb
 from loopbridge import Owned
 
-from .conftest import until_set, within
+from .conftest import Service, until_set, within
 
 
 class Response:
@@ -273,185 +272,6 @@ def test_uncovered_result_under_warn_and_off(owner: lb.LoopThread, session: Sess
         lb.set_affinity_check(old)
 
 
-@lb.loop_affine(stable=("name",))
-class Child:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    async def where(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
-
-
-@lb.loop_affine
-class Parent:
-    async def child(self) -> Child:
-        return Child("c")
-
-
-def test_loop_affine_result_comes_back_as_a_proxy(owner: lb.LoopThread) -> None:
-    async def make() -> Parent:
-        return Parent()
-
-    p = lb.proxy(owner.run(make))
-    child = lb.blocking(p).child()
-    assert lb.is_proxy(child) and child.name == "c"
-    assert lb.blocking(child).where() is owner.loop
-
-
-# ------------------------------------------------------------ grpc-shaped stubs
-class Call:
-    """Awaitable and async-iterable, started on the loop it is made on (grpc.aio)."""
-
-    def __init__(self, n: int) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.n = n
-        self.was_cancelled = False
-
-    def __await__(self) -> Any:
-        return self._result().__await__()
-
-    async def _result(self) -> int:
-        assert asyncio.get_running_loop() is self._loop
-        return self.n * 10
-
-    def __aiter__(self) -> AsyncIterator[int]:
-        return self._items()
-
-    async def _items(self) -> AsyncIterator[int]:
-        assert asyncio.get_running_loop() is self._loop
-        for i in range(self.n):
-            yield i
-
-    # The future protocol, as grpc.aio's calls have it: an operation in flight.
-    def cancel(self) -> bool:
-        assert asyncio.get_running_loop() is self._loop
-        self.was_cancelled = True
-        return True
-
-    def cancelled(self) -> bool:
-        return self.was_cancelled
-
-    def done(self) -> bool:
-        return self.was_cancelled
-
-    def add_done_callback(self, fn: Any) -> None:
-        raise NotImplementedError
-
-
-class MultiCallable:
-    def __init__(self) -> None:
-        self.calls = 0
-        self.made: list[Call] = []
-
-    def __call__(self, n: int) -> Call:
-        self.calls += 1
-        self.made.append(Call(n))
-        return self.made[-1]
-
-
-class Stub:
-    def __init__(self) -> None:
-        self.method = MultiCallable()  # an instance attribute, like a generated stub's
-
-
-CALLABLE = Owned(returns={"__call__": Owned()})
-
-
-def test_stub_attributes_callables_and_calls(owner: lb.LoopThread) -> None:
-    async def make() -> Stub:
-        return lb.adopt(Stub(), returns={"method": CALLABLE})
-
-    stub = owner.run(make)
-    p = lb.proxy(stub)
-
-    async def main() -> None:
-        assert isinstance(p.method, MultiCallable) and lb.is_proxy(p.method)
-        assert await p.method(4) == 40
-        assert [i async for i in p.method(3)] == [0, 1, 2]
-
-    asyncio.run(main())
-    anyio.run(main, backend="trio")
-    b = lb.blocking(p)
-    assert b.method(5).result() == 50
-    assert list(b.method(2)) == [0, 1]
-    assert stub.method.calls == 6  # each call made once, on the owner
-    assert not any(call.was_cancelled for call in stub.method.made)  # all ran to the end
-
-
-def test_a_call_iterated_and_left_early_is_cancelled_on_the_owner(owner: lb.LoopThread) -> None:
-    async def make() -> Stub:
-        return lb.adopt(Stub(), returns={"method": CALLABLE})
-
-    stub = owner.run(make)
-    p = lb.proxy(stub)
-
-    async def main() -> None:
-        it = p.method(10**6).__aiter__()
-        assert await it.__anext__() == 0
-        await it.aclose()  # type: ignore[attr-defined]
-
-    asyncio.run(main())
-    with iter(lb.blocking(p).method(10**6)) as items:  # type: ignore[attr-defined]
-        assert next(items) == 0
-    with (
-        pytest.raises(TypeError, match="gave a Call object, which is not an async context"),
-        lb.blocking(p).method(1),
-    ):
-        pass
-    assert [call.was_cancelled for call in stub.method.made] == [True, True, False]
-
-
-class Order:
-    """A business object with a ``cancel()`` of its own, iterable for its lines."""
-
-    def __init__(self) -> None:
-        self.cancelled_by: list[str] = []
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._lines()
-
-    async def _lines(self) -> AsyncIterator[str]:
-        while True:  # longer than any read-ahead: the consumer leaves early
-            yield "tea"
-
-    def cancel(self) -> None:
-        self.cancelled_by.append("loopbridge")
-
-
-class Shop:
-    def __init__(self) -> None:
-        self.orders: list[Order] = []
-
-    def order(self) -> Order:
-        self.orders.append(Order())
-        return self.orders[-1]
-
-
-def test_leaving_early_never_calls_a_business_objects_cancel(owner: lb.LoopThread) -> None:
-    """On 3e67832 a break out of `async for` over a pending result called the
-    object's cancel() whatever it was: an order was cancelled."""
-
-    async def make() -> Shop:
-        return lb.adopt(Shop(), returns={"order": Owned()})
-
-    shop = owner.run(make)
-    p = lb.proxy(shop)
-
-    async def main() -> None:
-        lines = p.order().__aiter__()
-        assert await lines.__anext__() == "tea"
-        await lines.aclose()  # type: ignore[attr-defined]  # waits for the owner's cleanup
-
-    asyncio.run(main())
-    with iter(lb.blocking(p).order()) as lines:  # type: ignore[attr-defined]
-        assert next(lines) == "tea"  # leaving the block waits for the owner's cleanup
-
-    async def cancelled() -> list[list[str]]:
-        return [o.cancelled_by for o in shop.orders]
-
-    assert owner.run(cancelled) == [[], []]
-
-
 # ------------------------------------------------------------------ cancellation
 def test_cancelled_enter_and_stream_are_cancelled_on_the_owner(owner: lb.LoopThread) -> None:
     entered = threading.Event()
@@ -544,3 +364,21 @@ def test_proxies_with_other_rules_get_their_own_class(owner: lb.LoopThread) -> N
         lb.blocking(b).fetch(1).status  # noqa: B018
     del a, b
     gc.collect()
+
+
+# Issue 33, point 10: on 3e67832 a fresh ``Queue`` or ``Event`` (``_loop`` still ``None``)
+# crossed unchecked and bound to the caller's loop.
+def test_a_fresh_queue_or_event_is_caught_before_it_binds_to_the_callers_loop(
+    service: Service,
+) -> None:
+    p = lb.proxy(service)
+
+    async def main() -> None:
+        q = await p.fresh_queue()
+        with pytest.raises(lb.LoopAffinityError, match=r"fresh_queue.*first loop that uses it"):
+            q.put_nowait(1)
+        holder = await p.fresh_event_holder()
+        with pytest.raises(lb.LoopAffinityError, match=r"attribute 'ready'"):
+            holder.ready  # noqa: B018
+
+    asyncio.run(main())

@@ -1,6 +1,6 @@
 """The public face: docs/api.md documents exactly each public module's ``__all__``,
-types users must not build refuse construction, and ``import loopbridge`` stays
-free of the optional parts."""
+and ``import loopbridge`` stays free of the optional parts.  (Types users must not
+build refuse construction: tests/core/test_construction.py.)"""
 
 from __future__ import annotations
 
@@ -57,43 +57,6 @@ def test_api_md_matches_all(name: str) -> None:
     assert not docs - exported, f"documented under {name} in docs/api.md but not exported"
     for attr in exported:
         assert hasattr(module, attr), f"{name}.__all__ names {attr!r}, which is missing"
-
-
-@pytest.mark.parametrize(
-    ("module", "name"),
-    [
-        ("loopbridge", "Blocking"),
-        ("loopbridge", "BlockingStream"),
-        ("loopbridge.metrics", "Metrics"),
-        ("loopbridge.metrics", "LagMonitor"),
-    ],
-)
-def test_factory_made_types_refuse_construction(module: str, name: str) -> None:
-    cls = getattr(importlib.import_module(module), name)
-    with pytest.raises(TypeError, match="has no public constructor; get one from"):
-        cls()
-
-
-def test_factory_made_types_still_come_from_their_factories() -> None:
-    import loopbridge.metrics as metrics
-
-    @loopbridge.loop_affine
-    class Box:
-        async def get(self) -> int:
-            return 1
-
-    with loopbridge.LoopThread(name="api-owner") as owner:
-        box = owner.run(_make, Box)
-        face = loopbridge.blocking(box)
-        assert isinstance(face, loopbridge.Blocking)
-        assert face.get() == 1
-        assert isinstance(metrics.metrics_of(loopbridge.proxy(box)), metrics.Metrics)
-        with metrics.monitor_lag(owner.loop) as mon:
-            assert isinstance(mon, metrics.LagMonitor)
-
-
-async def _make(cls: type) -> object:
-    return cls()
 
 
 def _modules_after(code: str, env: dict[str, str] | None = None) -> set[str]:

@@ -1,5 +1,6 @@
-"""The always-on check runs where the coroutine runs, and undecorated subclasses
-inherit it.
+"""The always-on affinity check (:mod:`loopbridge._affinity`): it runs where the
+coroutine runs, undecorated subclasses inherit it, its error tells the two loops
+apart, and its policy can warn or switch it off.
 
 On 3e67832 the check ran where the coroutine was *made*, so the three most
 common naive misuses ran the object on a foreign loop with no error:
@@ -19,6 +20,8 @@ import pytest
 import trio
 
 import loopbridge as lb
+
+from .conftest import Engine, Service
 
 
 @lb.loop_affine
@@ -224,3 +227,43 @@ def test_an_async_generator_is_checked_at_its_first_step(owner: lb.LoopThread) -
     assert feed.stepped == 0
     assert asyncio.run_coroutine_threadsafe(_first(feed.items()), owner.loop).result(30) == 1
     assert feed.stepped == 1
+
+
+# ------------------------------------------ direct calls off the owner, and the policy
+def test_direct_cross_loop_call_is_caught(owner: lb.LoopThread, engine: Engine) -> None:
+    async def main() -> None:
+        with pytest.raises(lb.LoopAffinityError, match="proxy"):
+            await engine.echo(1)
+
+    asyncio.run(main())
+
+
+def test_affinity_check_policy(owner: lb.LoopThread, engine: Engine) -> None:
+    async def main() -> None:
+        old = lb.set_affinity_check("warn")
+        try:
+            with pytest.warns(RuntimeWarning, match="proxy"):
+                assert await engine.echo(1) == 1  # warned at its first step, then run here
+            lb.set_affinity_check("off")
+            assert await engine.echo(2) == 2  # no check at all
+        finally:
+            lb.set_affinity_check(old)
+        with pytest.raises(ValueError):
+            lb.set_affinity_check("sometimes")
+
+    asyncio.run(main())
+
+
+# Issue 33, point 10: on 3e67832 the error printed two identical loop reprs.
+def test_the_affinity_error_tells_the_two_loops_apart(
+    owner: lb.LoopThread, service: Service
+) -> None:
+    async def main() -> str:
+        with pytest.raises(lb.LoopAffinityError) as info:
+            await service.get()
+        return str(info.value)
+
+    msg = asyncio.run(main())
+    assert f"on thread {threading.current_thread().name!r} (id {threading.get_ident()})" in msg
+    assert f"on thread {owner.name!r}" in msg
+    assert f"0x{id(owner.loop):x}" in msg

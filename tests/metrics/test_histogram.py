@@ -1,5 +1,6 @@
-"""Histogram buckets follow Prometheus' ``le``: a value equal to a bound counts in that
-bound's bucket.  Checked against prometheus_client's own histogram at every bound."""
+"""Log2 histograms (:mod:`loopbridge._histogram`): buckets follow Prometheus' ``le``,
+so a value equal to a bound counts in that bound's bucket.  Checked against
+prometheus_client's own histogram at every bound."""
 
 from __future__ import annotations
 

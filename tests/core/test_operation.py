@@ -1,8 +1,11 @@
-"""Blocking waits are bounded, and cycles of blocked owner threads are refused.
+"""What a call and a stream share (:mod:`loopbridge._operation`): starting on the
+owner, where a start that fails fails the operation instead of leaving its caller
+waiting; and the refusal of a blocking wait that closes a cycle of blocked owner
+threads.
 
-On 3e67832 ``blocking()`` had no timeout, and ``blocking(pA).m()`` called on
-loop B's thread, while A's ``m()`` awaited something owned by B, hung for ever
-with no error (the hang dump showed the cycle).
+On 3e67832 ``blocking(pA).m()`` called on loop B's thread, while A's ``m()``
+awaited something owned by B, hung for ever with no error (the hang dump showed
+the cycle).
 """
 
 from __future__ import annotations
@@ -18,33 +21,47 @@ import pytest
 import loopbridge as lb
 from loopbridge import _streams
 
-from .conftest import Engine, tasks_on, until_set
+from .conftest import Engine, Service, tasks_on, until_set
 
 
-def test_a_blocking_call_gives_up_after_its_timeout(owner: lb.LoopThread, engine: Engine) -> None:
-    b = lb.blocking(lb.proxy(engine), timeout=0.2)
-    with pytest.raises(TimeoutError, match=r"Engine\.sleep\(\).*0\.2 s"):
-        b.sleep(30)
-    assert engine.log[0][0] == "cancelled"  # the owner side was cancelled and cleaned up
-    assert engine.log[1][0] == "cleanup done"
-    assert b.echo(3) == 3  # a face with a timeout still answers what is quick
+def test_an_owner_side_start_that_raises_fails_the_call(asyncio_owner: lb.LoopThread) -> None:
+    """A task factory that raises on the owner: the caller gets its error, not a hang."""
+
+    class Service:
+        async def ping(self) -> str:
+            return "pong"
+
+    async def make() -> Service:
+        return lb.adopt(Service())
+
+    p = lb.proxy(asyncio_owner.run(make))
+
+    def broken_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        coro.close()
+        raise RuntimeError("task factory broken")
+
+    async def install(factory: Any) -> None:
+        asyncio.get_running_loop().set_task_factory(factory)
+
+    asyncio_owner.run(install, broken_factory)
+    try:
+
+        async def main() -> None:
+            with pytest.raises(RuntimeError, match="task factory broken"):
+                await asyncio.wait_for(p.ping(), 30)  # a hang guard: fails in ms
+            with pytest.raises(RuntimeError, match="task factory broken"):
+                await asyncio.wait_for(p.ping(), 30)  # the port still serves
+
+        asyncio.run(main())
+        with pytest.raises(RuntimeError, match="task factory broken"):
+            lb.blocking(p).ping()
+    finally:
+        # Not through run(): that makes its task with the factory.  Callbacks
+        # run in order, so whatever comes next on this loop sees no factory.
+        asyncio_owner.loop.call_soon_threadsafe(asyncio_owner.loop.set_task_factory, None)
 
 
-def test_a_blocking_stream_gives_up_per_item(owner: lb.LoopThread, engine: Engine) -> None:
-    items = lb.blocking(lb.proxy(engine), timeout=0.2).count(3, 30.0)
-    with pytest.raises(TimeoutError, match=r"Engine\.count\(\)"):
-        next(items)
-    assert engine.count_finished.wait(30)  # closed on the owner
-
-
-def test_timeout_values_are_checked(engine: Engine) -> None:
-    with pytest.raises(ValueError, match="positive"):
-        lb.blocking(lb.proxy(engine), timeout=0)
-    b = lb.blocking(lb.proxy(engine))
-    assert lb.blocking(b) is b
-    assert lb.blocking(b, timeout=1.0) is not b  # the same proxy, with a timeout
-
-
+# ------------------------------------------------- cycles of blocked owner threads
 @lb.loop_affine
 class Node:
     """Two of these, on loops A and B, calling each other."""
@@ -277,3 +294,28 @@ def test_a_blocking_stream_on_another_loops_thread_still_streams(
         assert not tasks_on(owner.loop)
     finally:
         other.stop()
+
+
+# ------------------------------------------------- an owner method that stops its loop
+# Issue 33, point 10: KeyboardInterrupt and SystemExit in an owner method stop the
+# owner loop, as they do in asyncio.
+# The owner's thread ends with the SystemExit: that is the behaviour pinned here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_system_exit_in_an_owner_method_stops_the_owner_loop(owner: lb.LoopThread) -> None:
+    """As in asyncio: the exception reaches the caller, and it also propagates out of
+    the owner loop, which stops; its callers then get OwnerLoopClosed."""
+
+    async def make() -> Service:
+        return Service()
+
+    p = lb.proxy(owner.run(make))
+
+    async def main() -> None:
+        with pytest.raises(SystemExit):
+            await p.exit()
+        await asyncio.to_thread(owner._thread.join, 30)  # type: ignore[union-attr]
+        with pytest.raises(lb.OwnerLoopClosed):
+            await asyncio.wait_for(p.get(), 30)
+
+    asyncio.run(main())
+    assert not owner.running

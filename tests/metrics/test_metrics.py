@@ -1,4 +1,6 @@
-"""The bulk latency fold puts every sample where ``Histogram.observe`` would."""
+"""Per-object counters and latencies (:mod:`loopbridge._metrics`): the bulk latency
+fold puts every sample where ``Histogram.observe`` would.  The counts after real
+calls and streams are in test_snapshot.py."""
 
 from __future__ import annotations
 

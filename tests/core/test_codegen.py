@@ -1,14 +1,15 @@
-"""The hot path has one definition, rendered two ways; both renderings behave alike.
+"""Wrappers with a method's own signature (:mod:`loopbridge._codegen`): the hot path
+has one definition, rendered two ways; both renderings behave alike.
 
 A proxy member and the affinity check are generated from one template each,
 either with the method's own signature or, when that can't be mirrored, with
-plain ``(*args, **kwargs)`` forwarding.  Each test runs both renderings.
+plain ``(*args, **kwargs)`` forwarding.  Each test of the renderings runs both; a
+member a decorator wraps keeps the signature its wrapper really has.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 from typing import Any
 
@@ -18,16 +19,9 @@ import loopbridge as lb
 from loopbridge import _affinity, _codegen, _compat, _faces, _ownership
 from loopbridge._codegen import GENERIC
 
+from .conftest import Adder
+
 RENDERINGS = ["mirrored", "generic"]
-
-
-@lb.loop_affine
-class Adder:
-    async def add(self, a: int, b: int = 1, *rest: int, scale: int = 1, **extra: int) -> int:
-        return (a + b + sum(rest) + sum(extra.values())) * scale
-
-    async def loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
 
 
 def _member(rendering: str) -> Any:
@@ -104,53 +98,31 @@ def test_affinity_check_renderings_alike(asyncio_owner: lb.LoopThread, rendering
     asyncio.run(elsewhere())
 
 
-def test_on_owner_thread(owner: lb.LoopThread) -> None:
-    async def make() -> Adder:
-        return Adder()
+def test_members_wrapped_by_decorators_keep_their_real_signature(
+    asyncio_owner: lb.LoopThread,
+) -> None:
+    import functools
 
-    adder = owner.run(make)
-    ownership = _ownership.ownership_of(adder)
-    assert ownership is not None
+    def injects_retries(fn: Any) -> Any:
+        @functools.wraps(fn)
+        async def wrapper(self: Any, *args: Any, retries: int = 0, **kwargs: Any) -> Any:
+            return (await fn(self, *args, **kwargs), retries)
 
-    async def ask() -> bool:
-        return _ownership.on_owner_thread(ownership)
+        return wrapper
 
-    assert owner.run(ask) is True  # the owner loop's own thread
-    assert asyncio.run(ask()) is False  # another loop
-    assert _ownership.on_owner_thread(ownership) is False  # a plain thread
+    @lb.loop_affine
+    class Decorated:
+        @injects_retries
+        async def get(self, x: int) -> int:
+            return x
 
-    unbound = Adder()  # made while no loop runs: no owner yet
-    own_none = _ownership.ownership_of(unbound)
-    assert own_none is not None and own_none.loop is None
-    assert _ownership.on_owner_thread(own_none) is False
-    assert asyncio.run(ask_none(own_none)) is False
+    async def make() -> Decorated:
+        return Decorated()
 
+    p = lb.proxy(asyncio_owner.run(make))
 
-async def ask_none(ownership: Any) -> bool:
-    return _ownership.on_owner_thread(ownership)
+    async def main() -> None:
+        assert await p.get(1) == (1, 0)
+        assert await p.get(2, retries=3) == (2, 3)  # accepted by the real wrapper
 
-
-_where = contextvars.ContextVar("where", default="unset")
-
-
-@lb.loop_affine
-class Reader:
-    async def read(self) -> str:
-        return _where.get()
-
-
-def test_a_call_carries_the_context_of_whoever_awaits_it(owner: lb.LoopThread) -> None:
-    """As a native coroutine would: the context is taken when the call starts."""
-
-    async def make() -> Reader:
-        return Reader()
-
-    p = lb.proxy(owner.run(make))
-
-    async def main() -> str:
-        _where.set("when created")
-        coro = p.read()
-        _where.set("when awaited")
-        return await coro
-
-    assert asyncio.run(main()) == "when awaited"
+    asyncio.run(main())

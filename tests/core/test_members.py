@@ -1,4 +1,5 @@
-"""The advice a refusal gives must not cause the bug it guards against.
+"""Member kinds (:mod:`loopbridge._members`): a sync member is refused through a
+proxy, and the advice a refusal gives must not cause the bug it guards against.
 
 On 3e67832 a refused sync member's message always suggested ``stable=`` or
 ``threadsafe=``.  For a member that returns an awaitable or an async context
@@ -19,7 +20,23 @@ import pytest
 
 import loopbridge as lb
 
+from .conftest import Engine
 
+
+def test_sync_members_are_refused_with_a_clear_error(engine: Engine) -> None:
+    p = lb.proxy(engine)
+    with pytest.raises(lb.LoopAffinityError, match=r"stable=.*threadsafe="):
+        p.bump()
+    with pytest.raises(lb.LoopAffinityError, match="'log'"):
+        _ = p.log  # instance attribute, not declared
+    with pytest.raises(lb.LoopAffinityError, match="cannot set"):
+        p.name = "other"
+    with pytest.raises(AttributeError):
+        _ = p.no_such_member
+    assert engine.counter == 0
+
+
+# ------------------------------------------------------ what a refusal advises
 class Result:
     """aiosqlite's shape: awaitable and an async context manager."""
 
