@@ -397,16 +397,25 @@ class _Run:
     def measure(self, cell: Cell[Scenario], rate: float) -> None:
         """Every mode of one round and scenario, in the cell's order."""
         sc, args = cell.scenario, self.args
-        self.stack.set_busy(self.load if sc.busy else None, sc.own_loop)
         top = max(args.concurrency)
         n = requests_for(args, sc.concurrency if sc.rate_fraction is None else top, cell.warmup)
         for mode in cell.modes:
             warm = " (warm-up)" if cell.warmup else ""
             total = args.warmup_rounds + args.rounds
             self.bar.set_description(f"round {cell.round + 1}/{total}{warm} {sc.key} {mode}")
-            self._job(cell, mode, n, rate)
+            # The busy load starts with each threaded mode's job, so every mode meets
+            # its CPU slices and refit pauses at the same times from its first request
+            # (started once per cell, the pauses fell on whichever mode ran then).
+            # ``stock`` is another process: nothing to load.
+            busy = sc.busy and mode != "stock"
+            if busy:
+                self.stack.set_busy(self.load, sc.own_loop)
+            try:
+                self._job(cell, mode, n, rate)
+            finally:
+                if busy:
+                    self.stack.set_busy(None)
             self.bar.update(n)
-        self.stack.set_busy(None)
 
     def _job(self, cell: Cell[Scenario], mode: str, n: int, rate: float) -> None:
         sc, args, stock = cell.scenario, self.args, self.stock
@@ -474,8 +483,6 @@ class _Run:
             for line in tail(self.console.current, 15):
                 self.note(f"  | {line}")
         self.stack.restart()
-        if sc.busy:
-            self.stack.set_busy(self.load, sc.own_loop)
 
     def open_loop(self) -> None:
         """The open-loop sweep, at fractions of the capacity the closed loop measured."""

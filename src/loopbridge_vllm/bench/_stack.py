@@ -101,16 +101,18 @@ async def _busy(engine: Any, load: BusyLoad, counters: dict[str, int]) -> None:
         while True:
             await asyncio.sleep(load.refit_every_s)
             try:
-                await engine.pause_generation(mode="keep", clear_cache=False)
-            except Exception:
-                # The engine sets the paused state before it waits for the
-                # device; an executor without that wait fails here, but
-                # generation is paused all the same.
-                counters["refit_pause_errors"] += 1
-            try:
+                try:
+                    await engine.pause_generation(mode="keep", clear_cache=False)
+                except Exception:
+                    # The engine sets the paused state before it waits for the
+                    # device; an executor without that wait fails here, but
+                    # generation is paused all the same.
+                    counters["refit_pause_errors"] += 1
                 await asyncio.sleep(load.refit_pause_s)
             finally:
-                await engine.resume_generation()
+                # Also when the load stops (a cancel) during the pause call or the
+                # resume: the next job must not find the engine paused.
+                await _resume(engine)
             counters["refits"] += 1
 
     loop = asyncio.get_running_loop()
@@ -344,6 +346,21 @@ async def _shutdown_engine(engine: Any) -> None:
         except BaseException:
             pass
     engine.shutdown()
+
+
+async def _resume(engine: Any) -> None:
+    """``engine.resume_generation()`` to its end, whatever cancels the caller meanwhile
+    (the caller's cancel is raised once the resume is done)."""
+    resume = asyncio.ensure_future(engine.resume_generation())
+    cancelled = False
+    while not resume.done():
+        try:
+            await asyncio.shield(resume)
+        except asyncio.CancelledError:
+            cancelled = True
+    resume.result()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _start_task(coro: Any) -> asyncio.Task[None]:
