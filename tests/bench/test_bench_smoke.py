@@ -139,10 +139,11 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
         "1",
         "--busy-period-ms",
         "5",
+        # The busy load starts with each job: a refit within its first millisecond.
         "--refit-every-s",
-        "0.2",
+        "0.001",
         "--refit-pause-ms",
-        "10",
+        "1",
         "--race-requests",
         "16",
         "--race-concurrency",

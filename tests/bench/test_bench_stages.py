@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("vllm")
 
 
-from loopbridge_adapters.bench.load import REQUEST_ID_HEADER, request_id
+from loopbridge_adapters.bench.load import REQUEST_ID_HEADER, Sample, request_id
 from loopbridge_adapters.bench.record import JobRecord
 from loopbridge_vllm.bench._stages import (
     STAGES,
@@ -28,6 +28,8 @@ from loopbridge_vllm.bench._stages import (
     stage_rows,
     stages_markdown,
     stages_of,
+    tail_markdown,
+    tail_rows,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,6 +171,43 @@ def test_stage_rows_pool_measured_requests_per_scenario_and_mode() -> None:
     assert stages_markdown([]) == []
 
 
+def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
+    """100 requests; the two slowest (2%) waited 30 ms more before the HTTP loop, the
+    rest had the same stages: that stage alone carries the tail's excess."""
+
+    def sample(ttft: float) -> Sample:
+        return Sample(start=0.0, ttft=ttft, e2e=ttft, tokens=1)
+
+    fast = {"client to HTTP loop": 0.002, "engine (input, queue, step)": 0.010}
+    slow = {"client to HTTP loop": 0.032, "engine (input, queue, step)": 0.010}
+    samples = [sample(0.012) for _ in range(98)] + [sample(0.042), sample(0.042)]
+    failed = Sample(start=0.0, ttft=9.0, e2e=9.0, tokens=0, error="boom")  # no stages
+    rec = JobRecord(
+        round=0,
+        warmup=False,
+        mode="loopbridge",
+        stream=True,
+        concurrency=16,
+        wall_s=1.0,
+        samples=[failed, *samples],
+        stages=[fast] * 98 + [slow, slow],
+    )
+    warm = JobRecord(
+        round=0, warmup=True, mode="loopbridge", stream=True, concurrency=16, wall_s=1.0,
+        samples=[sample(5.0)], stages=[{"client to HTTP loop": 5.0}],
+    )  # fmt: skip
+    (row,) = tail_rows([warm, rec])
+    assert (row["n"], row["tail_n"]) == (100, 2)
+    assert row["ttft_tail_ms"] == pytest.approx(42.0) and row["ttft_middle_ms"] == pytest.approx(
+        12.0
+    )
+    assert row["client to HTTP loop"]["excess_ms"] == pytest.approx(30.0)
+    assert row["engine (input, queue, step)"]["excess_ms"] == pytest.approx(0.0)
+    table = tail_markdown([row])
+    assert "| stream-c16 | loopbridge | 42.0 / 12.0 | **+30.0** | " in table[-1]
+    assert tail_markdown([]) == []
+
+
 @pytest.mark.vllm
 @pytest.mark.timeout(480)
 def test_own_loop_topology_with_the_stage_probe_end_to_end(tmp_path: Path) -> None:
@@ -182,7 +221,8 @@ def test_own_loop_topology_with_the_stage_probe_end_to_end(tmp_path: Path) -> No
         *("--requests", "4", "--concurrency", "2", "--rounds", "1", "--warmup-rounds", "0"),
         *("--output-len", "4", "--prompt-len", "8", "--step-ms", "1", "--stream", "on"),
         *("--busy", "own-loop", "--busy-slice-ms", "1", "--busy-period-ms", "5"),
-        *("--refit-every-s", "0.2", "--refit-pause-ms", "10"),
+        # The load starts with each job: a refit within its first millisecond.
+        *("--refit-every-s", "0.001", "--refit-pause-ms", "1"),
         *("--modes", "per-hop,loopbridge", "--correctness", "off", "--stages", "on"),
         *("--switch-interval-ms", "1", "--no-plots", "--timeout", "30"),
         *("--cache-dir", str(REPO / ".cache"), "--out", str(out)),
@@ -208,4 +248,7 @@ def test_own_loop_topology_with_the_stage_probe_end_to_end(tmp_path: Path) -> No
             assert sum(stages.values()) == pytest.approx(sample["ttft"], abs=1e-6)
     stage_table = {(r["scenario"], r["mode"]) for r in result["stages"]}
     assert stage_table == set(rows)
-    assert "Where the first token's time goes" in (out / "latency.md").read_text()
+    assert {(r["scenario"], r["mode"]) for r in result["stage_tail"]} == set(rows)
+    report = (out / "latency.md").read_text()
+    assert "Where the first token's time goes" in report
+    assert "lose their time" in report

@@ -39,7 +39,7 @@ from ._report import (
     terminal_report,
 )
 from ._stack import BusyLoad, EngineSpec, Stack, engine_args, prepare_model
-from ._stages import StageProbe, stage_rows, stages_markdown, stages_of
+from ._stages import StageProbe, stage_rows, stages_markdown, stages_of, tail_markdown, tail_rows
 from ._stock import StockServer, check_stock_argv, stock_argv
 
 #: Two engines' KV-cache sizes (tokens) may differ by this much and still be compared.
@@ -532,6 +532,7 @@ class _Run:
             "meta": _meta(self),
             "rows": rows,
             "stages": stage_rows(self.records),
+            "stage_tail": tail_rows(self.records),
             "targets": target_checks(rows),
             "headlines": headlines(rows),
             "correctness": self.outcomes,
@@ -705,7 +706,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             written += [out / "correctness.json", out / "correctness.md"]
         records = [rec.as_json() for rec in result["records"]]
         (out / "latency.json").write_text(json.dumps(dict(result, records=records), indent=1))
-        stage_table = "\n".join(stages_markdown(result["stages"]))
+        stage_table = "\n".join(
+            stages_markdown(result["stages"]) + tail_markdown(result["stage_tail"])
+        )
         (out / "latency.md").write_text(markdown(result["rows"], meta) + stage_table + "\n")
         written += [out / "latency.json", out / "latency.md"]
         if args.plots:
@@ -719,7 +722,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if lines:
         lines.append("")
     lines += terminal_report(result["rows"], meta)
-    lines += stages_markdown(result["stages"])
+    lines += stages_markdown(result["stages"]) + tail_markdown(result["stage_tail"])
     lines += ["", f"wrote ({meta['elapsed_s']:.0f} s): {', '.join(map(str, written))}"]
     if console.logs:
         lines.append(f"logs: {', '.join(map(str, console.logs))}")

@@ -50,7 +50,20 @@ from loopbridge_adapters.bench.load import REQUEST_ID_HEADER
 from loopbridge_adapters.bench.record import JobRecord
 from loopbridge_adapters.bench.summary import percentile
 
-__all__ = ["STAGES", "StageProbe", "TimedClient", "stage_rows", "stages_markdown", "stages_of"]
+__all__ = [
+    "STAGES",
+    "TAIL_SHARE",
+    "StageProbe",
+    "TimedClient",
+    "stage_rows",
+    "stages_markdown",
+    "stages_of",
+    "tail_markdown",
+    "tail_rows",
+]
+
+#: The slowest share of first tokens whose stages :func:`tail_rows` takes apart.
+TAIL_SHARE = 0.02
 
 _perf = time.perf_counter
 _NUMBER = re.compile(r"lb(\d+)")
@@ -258,4 +271,73 @@ def stages_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in rows:
         cells = [f"{r[n]['p50_ms']:.2f} / {r[n]['p99_ms']:.2f}" for n in names]
         lines.append(f"| {r['scenario']} | {r['mode']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def tail_rows(records: Sequence[JobRecord], share: float = TAIL_SHARE) -> list[dict[str, Any]]:
+    """Where the slowest first tokens lose their time, per scenario and mode.
+
+    The requests are ranked by TTFT; for the slowest ``share`` of them (at least one)
+    and for the middle half, each stage's mean (ms).  A stage's ``excess_ms`` is the
+    first minus the second: the stages with the largest excess are where the tail
+    comes from (a p99 per stage cannot say that: each stage's p99 is another
+    request's).  ``rec.stages[i]`` is the stage times of ``rec``'s i-th request
+    that completed.
+    """
+    groups: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
+    for rec in records:
+        if rec.warmup or not rec.stages:
+            continue
+        ok = [s for s in rec.samples if s.error is None]
+        groups.setdefault((rec.key, rec.mode), []).extend(
+            (sample.ttft, stages) for sample, stages in zip(ok, rec.stages)
+        )
+    rows = []
+    for (key, mode), reqs in groups.items():
+        reqs.sort(key=lambda r: r[0])
+        n = len(reqs)
+        tail, middle = reqs[n - max(1, round(n * share)) :], reqs[n // 4 : n - n // 4] or reqs
+        row: dict[str, Any] = {
+            "scenario": key,
+            "mode": mode,
+            "n": n,
+            "tail_n": len(tail),
+            "ttft_tail_ms": _mean_ms([t for t, _ in tail]),
+            "ttft_middle_ms": _mean_ms([t for t, _ in middle]),
+        }
+        for name, _, _ in STAGES:
+            row[name] = {
+                "tail_ms": _mean_ms([st[name] for _, st in tail if name in st]),
+                "middle_ms": _mean_ms([st[name] for _, st in middle if name in st]),
+            }
+            row[name]["excess_ms"] = row[name]["tail_ms"] - row[name]["middle_ms"]
+        rows.append(row)
+    return rows
+
+
+def _mean_ms(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) * 1e3 if xs else float("nan")
+
+
+def tail_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The tail table: per scenario and mode, each stage's excess (ms) in the slowest
+    first tokens over the middle half's, the largest in bold."""
+    if not rows:
+        return []
+    names = [name for name, _, _ in STAGES]
+    lines = [
+        "",
+        f"Where the slowest {TAIL_SHARE:.0%} of first tokens lose their time: each stage's "
+        "mean over those requests minus its mean over the middle half, ms (the largest "
+        "in bold: the tail's cause); TTFT means, slowest / middle half:",
+        "",
+        "| scenario | mode | TTFT | " + " | ".join(names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
+    for r in rows:
+        excess = {n: r[n]["excess_ms"] for n in names}
+        top = max(names, key=lambda n: -1e9 if excess[n] != excess[n] else excess[n])
+        cells = [(f"**{excess[n]:+.1f}**" if n == top else f"{excess[n]:+.1f}") for n in names]
+        ttft = f"{r['ttft_tail_ms']:.1f} / {r['ttft_middle_ms']:.1f}"
+        lines.append(f"| {r['scenario']} | {r['mode']} | {ttft} | " + " | ".join(cells) + " |")
     return lines
