@@ -193,6 +193,17 @@ def _names_both_loops(exc: BaseException, a: lb.LoopThread, b: lb.LoopThread) ->
     assert f"loop 0x{id(a.loop):x}" in text and f"loop 0x{id(b.loop):x}" in text, text
 
 
+def _next_refused(items: Any) -> tuple[lb.LoopAffinityError, float]:
+    """``next(items)`` on a blocking stream, which must be refused: the error and how
+    long the refusal took (seconds)."""
+    t0 = time.perf_counter()
+    try:
+        next(items)
+    except lb.LoopAffinityError as exc:
+        return exc, time.perf_counter() - t0
+    raise AssertionError("not refused")
+
+
 def test_a_blocking_streams_first_item_that_needs_the_blocked_loop_is_refused() -> None:
     """B's thread waits for A's first item, which awaits B's answer(): refused at once,
     not after the face's timeout (on 3e67832 and before this check: TimeoutError)."""
@@ -201,12 +212,7 @@ def test_a_blocking_streams_first_item_that_needs_the_blocked_loop_is_refused() 
 
         async def on_b() -> Any:
             items = lb.blocking(lb.proxy(src), timeout=20).first_needs_peer()
-            t0 = time.perf_counter()
-            try:
-                next(items)
-            except lb.LoopAffinityError as exc:
-                return exc, time.perf_counter() - t0
-            raise AssertionError("not refused")
+            return _next_refused(items)
 
         exc, elapsed = b.run(on_b)
         _names_both_loops(exc, a, b)
@@ -235,12 +241,7 @@ def test_a_blocking_streams_later_wait_whose_item_needs_the_blocked_loop_is_refu
             assert next(items) == "first"
             src.taken.set()
             assert src.submitted.wait(30)  # B's thread is not blocked: the call got in
-            t0 = time.perf_counter()
-            try:
-                next(items)
-            except lb.LoopAffinityError as exc:
-                return exc, time.perf_counter() - t0
-            raise AssertionError("not refused")
+            return _next_refused(items)
 
         exc, elapsed = b.run(on_b)
         _names_both_loops(exc, a, b)

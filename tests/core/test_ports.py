@@ -1,9 +1,11 @@
-"""A port's wake states (``Wake``) and the function behind each transition.
+"""Ports: the wake states (``Wake``) and the function behind each transition,
+wake-ups shared by a batch, and the owner's liveness.
 
-The target port of each test belongs to a loop that never runs: what it
-schedules is collected instead, so a test sees every wake it sends.  The posting
-side is a real asyncio loop where deferral matters (it defers only while its
-loop has more ready work).
+In the first section the target port of each test belongs to a loop that never
+runs: what it schedules is collected instead, so a test sees every wake it sends.
+The posting side is a real asyncio loop where deferral matters (it defers only
+while its loop has more ready work).  The later sections, marked, run real owner
+loops: a batch's wake-ups, and what callers see when an owner loop dies.
 """
 
 from __future__ import annotations

@@ -202,10 +202,6 @@ def test_asend_and_window_validation(engine: Engine) -> None:
     asyncio.run(main())
 
 
-async def _make() -> Engine:
-    return Engine()
-
-
 # ----------------------------------------------------------------- reading ahead
 # No silent loss in streams: a stream never consumes from a source it does not own
 # beyond what its consumer asked for, unless running ahead is declared.

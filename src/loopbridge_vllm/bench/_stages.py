@@ -260,14 +260,11 @@ def stages_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if not rows:
         return []
     names = [name for name, _, _ in STAGES]
-    lines = [
-        "",
+    lines = _table_head(
         "Where the first token's time goes (`--stages on`), ms, p50 / p99 over each "
         "stage's requests (a stage's p99s do not add up to the TTFT p99):",
-        "",
-        "| scenario | mode | " + " | ".join(names) + " |",
-        "|---|---|" + "---|" * len(names),
-    ]
+        ["scenario", "mode", *names],
+    )
     for r in rows:
         cells = [f"{r[n]['p50_ms']:.2f} / {r[n]['p99_ms']:.2f}" for n in names]
         lines.append(f"| {r['scenario']} | {r['mode']} | " + " | ".join(cells) + " |")
@@ -325,15 +322,12 @@ def tail_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if not rows:
         return []
     names = [name for name, _, _ in STAGES]
-    lines = [
-        "",
+    lines = _table_head(
         f"Where the slowest {TAIL_SHARE:.0%} of first tokens lose their time: each stage's "
         "mean over those requests minus its mean over the middle half, ms (the largest "
         "in bold: the tail's cause); TTFT means, slowest / middle half:",
-        "",
-        "| scenario | mode | TTFT | " + " | ".join(names) + " |",
-        "|---|---|---|" + "---|" * len(names),
-    ]
+        ["scenario", "mode", "TTFT", *names],
+    )
     for r in rows:
         excess = {n: r[n]["excess_ms"] for n in names}
         top = max(names, key=lambda n: -1e9 if excess[n] != excess[n] else excess[n])
@@ -341,3 +335,8 @@ def tail_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         ttft = f"{r['ttft_tail_ms']:.1f} / {r['ttft_middle_ms']:.1f}"
         lines.append(f"| {r['scenario']} | {r['mode']} | {ttft} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _table_head(caption: str, columns: Sequence[str]) -> list[str]:
+    """A blank line, the caption, a blank line, then a Markdown table's header."""
+    return ["", caption, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
