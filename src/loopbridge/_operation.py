@@ -42,7 +42,8 @@ from ._eager import start_task, step_then_task
 from ._errors import LoopAffinityError
 from ._labels import thread_name
 from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
-from ._ports import Port, get_running_loop
+from . import _interleave
+from ._ports import ABSENT, Port, get_running_loop
 
 if TYPE_CHECKING:
     from ._metrics import Counters, Metrics
@@ -278,8 +279,14 @@ class Operation:
         """
         if not latched:
             owner = self.owner
-            if owner is None or not owner.leave(self):
+            if owner is None:
                 return
+            # Port.leave's statements, to save its frame once per operation
+            # (tests/core/test_one_definition.py compares the two).
+            if owner.inflight.pop(self, ABSENT) is ABSENT:
+                return
+            if _interleave.hook is not None:
+                _interleave.hook("settle.latched")
         self.value = value
         self.t_end = _perf()
         self.outcome = outcome  # last: readers on other threads test it first

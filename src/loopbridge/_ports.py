@@ -105,6 +105,7 @@ from ._errors import OwnerLoopClosed
 from ._labels import loop_label as _loop_label
 
 __all__ = [
+    "ABSENT",
     "Port",
     "Wake",
     "InFlight",
@@ -325,8 +326,10 @@ class Port:
 
         True for exactly one caller per registration (``dict.pop`` is atomic);
         that caller, and only it, records the operation's outcome.
+        ``Operation.settle`` repeats these statements to save a frame per
+        operation; tests/core/test_one_definition.py compares the two.
         """
-        if self.inflight.pop(op, _ABSENT) is _ABSENT:
+        if self.inflight.pop(op, ABSENT) is ABSENT:
             return False
         if _interleave.hook is not None:
             _interleave.hook("settle.latched")
@@ -486,7 +489,7 @@ def _fresh(exc: BaseException) -> BaseException:
 _log = logging.getLogger("loopbridge")
 IDLE, SCHEDULED, OWED = Wake.IDLE, Wake.SCHEDULED, Wake.OWED  # one load each
 _get_ident = threading.get_ident
-_ABSENT = object()
+ABSENT = object()  # what dict.pop returns for an operation not (or no longer) in flight
 _ATTR = PORT_ATTR = "_loopbridge_port"
 _registry_lock = threading.Lock()
 _ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()

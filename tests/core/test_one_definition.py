@@ -1,8 +1,9 @@
 """Code the hot path repeats to save a Python frame is the same code as its original.
 
-Two bodies are repeated where they run, once per call or per stream item: the
-common case of ``loop_waker`` at the top of ``route_call``, and
-``Channel.take`` in ``RemoteStream.__anext__``'s fast path.  Each test compares
+Three bodies are repeated where they run, once per call or per stream item: the
+common case of ``loop_waker`` at the top of ``route_call``, ``Channel.take`` in
+``RemoteStream.__anext__``'s fast path, and the settle latch (``Port.leave``) in
+``Operation.settle``.  Each test compares
 the syntax trees of the original and of its repetition (comments and layout
 aside), so a change to one that forgets the other fails here.  Each test also
 shows that its comparison tells a changed body apart.
@@ -17,7 +18,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from loopbridge import _calls, _streams, _wakers
+from loopbridge import _calls, _operation, _ports, _streams, _wakers
 
 
 def _function(fn: Callable[..., Any]) -> ast.FunctionDef | ast.AsyncFunctionDef:
@@ -98,3 +99,39 @@ def test_a_streams_fast_path_takes_an_item_with_channel_takes_own_statements() -
         "RemoteStream.__anext__'s fast path differs from Channel.take: change both (or neither)"
     )
     assert fast != _code(_changed(take[1:]))
+
+
+class _ReturnNothing(ast.NodeTransformer):
+    """``return False`` (a method's "not latched") as ``return`` (settle's)."""
+
+    def visit_Return(self, node: ast.Return) -> ast.Return:
+        if isinstance(node.value, ast.Constant) and node.value.value is False:
+            node.value = None
+        return node
+
+
+def _latch_of_leave() -> list[ast.stmt]:
+    """``Port.leave``'s latch, as ``Operation.settle`` would write it: the port is
+    ``owner``, the operation ``self``; "not latched" returns nothing; the final
+    ``return True`` (latched: go on) is settle's falling through."""
+    stmts = _function(_ports.Port.leave).body[1:]  # after the docstring
+    assert ast.dump(stmts[-1]) == ast.dump(ast.parse("return True").body[0])
+    renamed = _renamed(_renamed(stmts[:-1], "self", "owner"), "op", "self")
+    return [_ReturnNothing().visit(s) for s in renamed]
+
+
+def test_settle_takes_the_latch_with_port_leaves_own_statements() -> None:
+    latch = _latch_of_leave()
+    body = _code(_if_not_latched())
+    assert _contains(body, _code(latch)), (
+        "Operation.settle's latch differs from Port.leave: change both (or neither)"
+    )
+    assert not _contains(body, _code(_changed(latch)))
+
+
+def _if_not_latched() -> list[ast.stmt]:
+    """The body of ``if not latched:`` in ``Operation.settle``."""
+    for node in _function(_operation.Operation.settle).body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.UnaryOp):
+            return node.body
+    raise AssertionError("Operation.settle has no `if not latched:` block")
