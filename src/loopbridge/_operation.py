@@ -37,12 +37,12 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import _interleave
 from ._diagnose import SubmissionSites, submission_site
 from ._eager import start_task, step_then_task
 from ._errors import LoopAffinityError
 from ._labels import thread_name
 from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
-from . import _interleave
 from ._ports import ABSENT, Port, get_running_loop
 
 if TYPE_CHECKING:
