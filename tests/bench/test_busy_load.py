@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from loopbridge_vllm.bench._stack import BusyLoad, _busy  # noqa: E402
+from loopbridge_vllm.bench._stack import BusyLoad, _busy
 
 #: A refit as soon as the load starts, and no time paused beyond the calls.
 _REFIT_AT_ONCE = BusyLoad(refit_every_s=1e-6, refit_pause_s=0.0)
