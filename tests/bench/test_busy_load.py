@@ -23,58 +23,51 @@ _REFIT_AT_ONCE = BusyLoad(refit_every_s=1e-6, refit_pause_s=0.0)
 
 
 class _Engine:
-    """pause_generation and resume_generation, each held inside until released."""
+    """pause_generation and resume_generation; the ``held`` one blocks inside until
+    ``release`` is set."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: str) -> None:
+        self.held = held
         self.calls: list[str] = []
-        self.in_pause = asyncio.Event()
-        self.in_resume = asyncio.Event()
-        self.release_pause = asyncio.Event()
-        self.release_resume = asyncio.Event()
+        self.inside = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def _call(self, name: str, done: str) -> None:
+        self.calls.append(name)
+        if name == self.held:
+            self.inside.set()
+            await self.release.wait()
+        self.calls.append(done)
 
     async def pause_generation(self, mode: str, clear_cache: bool) -> None:
-        self.calls.append("pause")
-        self.in_pause.set()
-        await self.release_pause.wait()
-        self.calls.append("paused")
+        await self._call("pause", "paused")
 
     async def resume_generation(self) -> None:
-        self.calls.append("resume")
-        self.in_resume.set()
-        await self.release_resume.wait()
-        self.calls.append("resumed")
+        await self._call("resume", "resumed")
 
 
-def _counters() -> dict[str, int]:
-    return {"slices": 0, "refits": 0, "refit_pause_errors": 0}
-
-
-def test_a_load_stopped_during_the_pause_call_still_resumes_the_engine() -> None:
+@pytest.mark.parametrize(
+    ("held", "calls"),
+    [
+        ("pause", ["pause", "resume", "resumed"]),  # the pause call is cut off, then resumed
+        ("resume", ["pause", "paused", "resume", "resumed"]),  # the resume runs to its end
+    ],
+)
+def test_a_load_stopped_inside_a_refit_call_ends_with_the_engine_resumed(
+    held: str, calls: list[str]
+) -> None:
     async def main() -> list[str]:
-        engine = _Engine()
-        engine.release_resume.set()
-        task = asyncio.ensure_future(_busy(engine, _REFIT_AT_ONCE, _counters()))
-        await engine.in_pause.wait()
-        task.cancel()  # the load stops while pause_generation is under way
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        return engine.calls
-
-    assert asyncio.run(main()) == ["pause", "resume", "resumed"]
-
-
-def test_a_load_stopped_during_the_resume_waits_for_the_resume_to_end() -> None:
-    async def main() -> list[str]:
-        engine = _Engine()
-        engine.release_pause.set()
-        task = asyncio.ensure_future(_busy(engine, _REFIT_AT_ONCE, _counters()))
-        await engine.in_resume.wait()
-        task.cancel()  # the load stops while resume_generation is under way
+        engine = _Engine(held)
+        counters = {"slices": 0, "refits": 0, "refit_pause_errors": 0}
+        task = asyncio.ensure_future(_busy(engine, _REFIT_AT_ONCE, counters))
+        await engine.inside.wait()
+        task.cancel()  # the load stops while the held call is under way
         await asyncio.sleep(0)  # one loop turn (no time): the cancel reaches the task
-        assert not task.done()
-        engine.release_resume.set()
+        if held == "resume":
+            assert not task.done()  # it waits for the resume it is in
+        engine.release.set()
         with pytest.raises(asyncio.CancelledError):
             await task
         return engine.calls
 
-    assert asyncio.run(main()) == ["pause", "paused", "resume", "resumed"]
+    assert asyncio.run(main()) == calls
