@@ -47,8 +47,8 @@ def test_stages_chain_the_marks_in_order() -> None:
 
 
 def test_stages_of_skips_stages_with_a_missing_mark() -> None:
-    stages = stages_of({"sent": 0.0, "http_in": 0.5, "owner_start": 2.0})
-    assert stages == {"client to HTTP loop": 0.5}
+    stages = stages_of({"sent": 0.0, "http_parsed": 0.25, "http_in": 0.5, "owner_start": 2.0})
+    assert stages == {"client to request parsed": 0.25, "parsed to app call": 0.25}
 
 
 def test_the_probe_keeps_the_first_mark_of_each_request() -> None:
@@ -62,14 +62,17 @@ def test_the_probe_keeps_the_first_mark_of_each_request() -> None:
 
 
 def test_install_patches_vllm_and_uninstall_restores_it() -> None:
+    from uvicorn.protocols.http.h11_impl import RequestResponseCycle
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.output_processor import OutputProcessor
 
     generate, process = AsyncLLM.generate, OutputProcessor.process_outputs
+    parsed = RequestResponseCycle.__init__
     probe = StageProbe().install()
     try:
         assert AsyncLLM.generate is not generate
         assert OutputProcessor.process_outputs is not process
+        assert RequestResponseCycle.__init__ is not parsed
         assert AsyncLLM.generate.__wrapped__ is generate  # type: ignore[attr-defined]
         with pytest.raises(RuntimeError, match="already installed"):
             probe.install()
@@ -77,6 +80,7 @@ def test_install_patches_vllm_and_uninstall_restores_it() -> None:
         probe.uninstall()
     assert AsyncLLM.generate is generate
     assert OutputProcessor.process_outputs is process
+    assert RequestResponseCycle.__init__ is parsed
 
 
 class _Client:
@@ -178,8 +182,8 @@ def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
     def sample(ttft: float) -> Sample:
         return Sample(start=0.0, ttft=ttft, e2e=ttft, tokens=1)
 
-    fast = {"client to HTTP loop": 0.002, "engine (input, queue, step)": 0.010}
-    slow = {"client to HTTP loop": 0.032, "engine (input, queue, step)": 0.010}
+    fast = {"client to request parsed": 0.002, "engine (input, queue, step)": 0.010}
+    slow = {"client to request parsed": 0.032, "engine (input, queue, step)": 0.010}
     samples = [sample(0.012) for _ in range(98)] + [sample(0.042), sample(0.042)]
     failed = Sample(start=0.0, ttft=9.0, e2e=9.0, tokens=0, error="boom")  # no stages
     rec = JobRecord(
@@ -194,14 +198,14 @@ def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
     )
     warm = JobRecord(
         round=0, warmup=True, mode="loopbridge", stream=True, concurrency=16, wall_s=1.0,
-        samples=[sample(5.0)], stages=[{"client to HTTP loop": 5.0}],
+        samples=[sample(5.0)], stages=[{"client to request parsed": 5.0}],
     )  # fmt: skip
     (row,) = tail_rows([warm, rec])
     assert (row["n"], row["tail_n"]) == (100, 2)
     assert row["ttft_tail_ms"] == pytest.approx(42.0) and row["ttft_middle_ms"] == pytest.approx(
         12.0
     )
-    assert row["client to HTTP loop"]["excess_ms"] == pytest.approx(30.0)
+    assert row["client to request parsed"]["excess_ms"] == pytest.approx(30.0)
     assert row["engine (input, queue, step)"]["excess_ms"] == pytest.approx(0.0)
     table = tail_markdown([row])
     assert "| stream-c16 | loopbridge | 42.0 / 12.0 | **+30.0** | " in table[-1]

@@ -1,6 +1,6 @@
 """Where a streamed request's first token spends its time, stage by stage.
 
-Opt-in (``--stages on``): :class:`StageProbe` stamps each request at ten points
+Opt-in (``--stages on``): :class:`StageProbe` stamps each request at twelve points
 on the host's monotonic clock (``time.perf_counter``, ``CLOCK_MONOTONIC``: the same
 clock in the load generator, this process and the EngineCore), keyed by the
 request's number in the run, which the load generator sends as ``X-Request-Id``
@@ -10,7 +10,8 @@ request's number in the run, which the load generator sends as ``X-Request-Id``
 mark               where                                        thread
 =================  ===========================================  ==============
 ``sent``           the client sends the request                 load process
-``http_in``        the ASGI app is called (headers parsed)      HTTP loop
+``http_parsed``    uvicorn has parsed the request's headers     HTTP loop
+``http_in``        the ASGI app is called                       HTTP loop
 ``http_generate``  the serving layer calls ``generate``         HTTP loop
 ``owner_start``    ``AsyncLLM.generate`` starts                 owner loop [1]_
 ``core_out``       the EngineCore made the first token's batch  EngineCore
@@ -31,8 +32,12 @@ later output of the same request never moves a stage.
 
 Invariants: with the probe off nothing is patched and nothing is recorded (no
 cost); installed, the patches wrap vLLM's ``AsyncLLM.generate`` and
-``OutputProcessor.process_outputs`` at class level, in this process only, and
-:meth:`StageProbe.uninstall` restores the originals.  Closing the wrapping
+``OutputProcessor.process_outputs`` and the constructor of uvicorn's h11 request
+cycle (made once a request's headers are parsed) at class level, in this process
+only, and :meth:`StageProbe.uninstall` restores the originals.  ``http_parsed``
+splits the wait before the app: a request that waits before it is parsed waits in
+the client, the kernel or an HTTP loop that has not read it yet; one that waits
+after waits for the HTTP loop to run the app's task.  Closing the wrapping
 generator closes vLLM's (where vLLM aborts the request), on the loop it runs on.
 ``vllm serve`` (stock) is another process: only its client-side marks exist.
 """
@@ -67,10 +72,21 @@ TAIL_SHARE = 0.02
 
 _perf = time.perf_counter
 _NUMBER = re.compile(r"lb(\d+)")
+_REQUEST_ID_KEY = REQUEST_ID_HEADER.lower().encode("latin-1")  # as ASGI scopes carry it
+
+
+def _request_id(scope: Mapping[str, Any]) -> str | None:
+    """The benchmark's request id in an HTTP scope's headers, if it has one."""
+    for key, value in scope.get("headers", ()):
+        if key == _REQUEST_ID_KEY:
+            return str(value.decode("latin-1"))
+    return None
+
 
 #: (stage, from mark, to mark), in the order a request passes them.
 STAGES: tuple[tuple[str, str, str], ...] = (
-    ("client to HTTP loop", "sent", "http_in"),
+    ("client to request parsed", "sent", "http_parsed"),
+    ("parsed to app call", "http_parsed", "http_in"),
     ("HTTP pre-processing", "http_in", "http_generate"),
     ("admission to owner loop", "http_generate", "owner_start"),
     ("engine (input, queue, step)", "owner_start", "core_out"),
@@ -111,8 +127,11 @@ class StageProbe:
 
         if self._restore:
             raise RuntimeError("the stage probe is already installed")
+        from uvicorn.protocols.http.h11_impl import RequestResponseCycle
+
         self._patch(AsyncLLM, "generate", self._generate(AsyncLLM.generate))
         self._patch(OutputProcessor, "process_outputs", self._process(OutputProcessor))
+        self._patch(RequestResponseCycle, "__init__", self._parsed(RequestResponseCycle))
         return self
 
     def uninstall(self) -> None:
@@ -163,6 +182,19 @@ class StageProbe:
 
         return process_outputs
 
+    def _parsed(self, cls: type) -> Any:
+        original = cls.__init__  # type: ignore[misc]
+        probe = self
+
+        @functools.wraps(original)
+        def __init__(cycle: Any, scope: Any, *a: Any, **kw: Any) -> None:
+            rid = _request_id(scope)
+            if rid is not None:
+                probe.mark(rid, "http_parsed", _perf())
+            original(cycle, scope, *a, **kw)
+
+        return __init__
+
     def middleware(self) -> Any:
         """Starlette ``Middleware`` that marks ``http_in`` and ``http_body``."""
         from starlette.middleware import Middleware
@@ -178,10 +210,7 @@ class _HttpMarks:
         self.probe = probe
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        rid = None
-        if scope["type"] == "http":
-            key = REQUEST_ID_HEADER.lower().encode()
-            rid = next((v.decode() for k, v in scope["headers"] if k == key), None)
+        rid = _request_id(scope) if scope["type"] == "http" else None
         if rid is None:
             await self.app(scope, receive, send)
             return
