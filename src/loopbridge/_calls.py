@@ -183,9 +183,8 @@ def call_from_thread(call: Call, timeout: float | None = None) -> Any:
             f"blocking {call.description} on the owner loop's own thread would deadlock: "
             "await loopbridge.proxy(obj) instead"
         )
-    # The cheap test first: on a plain thread (the common case) no frame is spent
-    # looking for a port.
-    here = _blocked_port() if get_running_loop() is not None else None
+    loop = get_running_loop()  # on a plain thread (the common case), no port to look for
+    here = None if loop is None else running_port(loop)
     if here is not None:
         held = _block_loop(call, here)
     try:
@@ -214,15 +213,6 @@ def _block_loop(call: Call, here: Port) -> object:
     held, here.blocked = here.blocked, call
     here.flush_deferred()
     return held
-
-
-def _blocked_port() -> Port | None:
-    """The port of the loop this thread runs (None on a plain thread)."""
-    loop = get_running_loop()
-    if loop is None:
-        return None
-    port: Port | None = getattr(loop, PORT_ATTR, None)
-    return port if port is not None else running_port(loop)
 
 
 def cancel_message(exc: BaseException) -> str | None:

@@ -31,13 +31,13 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
 from . import _interleave
-from ._calls import _blocked_port, cancel_message
+from ._calls import cancel_message
 from ._construction import NoPublicConstructor
 from ._errors import LoopAffinityError
 from ._operation import Operation, chain, check_block, check_queued
 from ._outcome import CANCELLED, ERROR, OK, PENDING, REQUESTED
 from ._ownership import on_owner_thread
-from ._ports import Port, get_running_loop
+from ._ports import Port, get_running_loop, running_port
 from ._wakers import LoopWaker, ThreadWaker, TrioWaker, loop_waker, thread_waker
 
 __all__ = ["RemoteStream", "BlockingStream", "Channel"]
@@ -472,7 +472,8 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
         while it lasts, the loop's port records the stream as what its thread is
         blocked on, and the stream's work carries the stream in its context.
         """
-        here = _blocked_port()
+        loop = get_running_loop()
+        here = None if loop is None else running_port(loop)
         if here is None:  # a plain thread: blocking it blocks no loop
             self._until_item(ch, None)
             return
