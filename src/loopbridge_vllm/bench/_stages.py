@@ -45,6 +45,7 @@ generator closes vLLM's (where vLLM aborts the request), on the loop it runs on.
 from __future__ import annotations
 
 import functools
+import math
 import re
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -359,7 +360,7 @@ def tail_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     )
     for r in rows:
         excess = {n: r[n]["excess_ms"] for n in names}
-        top = max(names, key=lambda n: -1e9 if excess[n] != excess[n] else excess[n])
+        top = max(names, key=lambda n: -math.inf if math.isnan(excess[n]) else excess[n])
         cells = [(f"**{excess[n]:+.1f}**" if n == top else f"{excess[n]:+.1f}") for n in names]
         ttft = f"{r['ttft_tail_ms']:.1f} / {r['ttft_middle_ms']:.1f}"
         lines.append(f"| {r['scenario']} | {r['mode']} | {ttft} | " + " | ".join(cells) + " |")
