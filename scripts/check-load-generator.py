@@ -36,7 +36,7 @@ def ours(lp: Any, url: str, args: argparse.Namespace, first_id: int) -> dict[str
         url, "bench", args.requests, args.concurrency, args.prompt_len, args.output_len,
         True, 120.0, first_id=first_id,
     )  # fmt: skip
-    _, samples = lp.run(job)
+    samples = lp.run(job).samples
     ok = [s for s in samples if s.error is None]
     itl = [x for s in ok for x in s.itl]
     tpot = [(s.e2e - s.ttft) / (s.tokens - 1) for s in ok if s.tokens > 1]

@@ -198,6 +198,12 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     hashes = [s["prompt_hash"] for s in sent]
     assert len(hashes) == 4 * 4 * len(scenarios) and len(set(hashes)) == len(hashes)
     assert meta["prompts_sent"] == len(hashes) + 2 * 16  # and the correctness phase's
+    # The client stamps when each request's body left it: after it meant to send it,
+    # before its answer began; and it measures its own CPU time per job.
+    for s in sent:
+        if s["error"] is None:
+            assert s["sent_at"] < s["written_at"] <= s["sent_at"] + s["ttft"], s
+    assert all(rec["client_cpu_s"] > 0 for rec in result["records"])
     assert {s["output_len"] for s in sent} != {4}  # lognormal: lengths vary
     assert not meta["prefix_cache"]["enabled"]
     # One engine at a time: the correctness engine gone before stock starts, stock
@@ -543,3 +549,24 @@ def test_percentile_and_summary() -> None:
     checks = {t["what"]: t["met"] for t in target_checks(rows)}
     assert checks["e2e p99 ≤ 1.05x stock"] is False and checks["req/s ≥ 0.98x stock"] is True
     assert checks["TTFT p50 ≤ 1.05x stock"] is False  # streaming is the default
+
+
+def test_client_share_and_its_warning() -> None:
+    """The report says how busy the load generator was, and warns when it may have
+    delayed its own requests."""
+    from loopbridge_adapters.bench.summary import CLIENT_BUSY_SHARE, client_line, client_share
+
+    assert client_share([(0.5, 2.0), (1.5, 2.0)]) == 0.5
+    assert math.isnan(client_share([]))
+    rows = [
+        {"scenario": "stream-c16", "mode": "stock", "client_cpu_share": 0.1},
+        {"scenario": "stream-c64", "mode": "loopbridge", "client_cpu_share": 0.3},
+        {"scenario": "stream-c64", "mode": "per-hop", "client_cpu_share": math.nan},
+    ]
+    (line,) = client_line(rows)
+    assert line == "The load generator used at most 30% of a core (stream-c64, loopbridge)."
+    rows[0]["client_cpu_share"] = CLIENT_BUSY_SHARE + 0.4
+    (line,) = client_line(rows)
+    assert line.startswith("The load generator used at most 90% of a core (stream-c16, stock)")
+    assert "may delay its own requests" in line
+    assert client_line([rows[2]]) == []

@@ -48,7 +48,8 @@ def test_stages_chain_the_marks_in_order() -> None:
 
 def test_stages_of_skips_stages_with_a_missing_mark() -> None:
     stages = stages_of({"sent": 0.0, "http_parsed": 0.25, "http_in": 0.5, "owner_start": 2.0})
-    assert stages == {"client to request parsed": 0.25, "parsed to app call": 0.25}
+    # No ``written`` (a client that did not record it): neither stage beside it.
+    assert stages == {"parsed to app call": 0.25}
 
 
 def test_the_probe_keeps_the_first_mark_of_each_request() -> None:
@@ -182,8 +183,8 @@ def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
     def sample(ttft: float) -> Sample:
         return Sample(start=0.0, ttft=ttft, e2e=ttft, tokens=1)
 
-    fast = {"client to request parsed": 0.002, "engine (input, queue, step)": 0.010}
-    slow = {"client to request parsed": 0.032, "engine (input, queue, step)": 0.010}
+    fast = {"client before sending": 0.002, "engine (input, queue, step)": 0.010}
+    slow = {"client before sending": 0.032, "engine (input, queue, step)": 0.010}
     samples = [sample(0.012) for _ in range(98)] + [sample(0.042), sample(0.042)]
     failed = Sample(start=0.0, ttft=9.0, e2e=9.0, tokens=0, error="boom")  # no stages
     rec = JobRecord(
@@ -198,17 +199,19 @@ def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
     )
     warm = JobRecord(
         round=0, warmup=True, mode="loopbridge", stream=True, concurrency=16, wall_s=1.0,
-        samples=[sample(5.0)], stages=[{"client to request parsed": 5.0}],
+        samples=[sample(5.0)], stages=[{"client before sending": 5.0}],
     )  # fmt: skip
     (row,) = tail_rows([warm, rec])
     assert (row["n"], row["tail_n"]) == (100, 2)
     assert row["ttft_tail_ms"] == pytest.approx(42.0) and row["ttft_middle_ms"] == pytest.approx(
         12.0
     )
-    assert row["client to request parsed"]["excess_ms"] == pytest.approx(30.0)
+    assert row["client before sending"]["excess_ms"] == pytest.approx(30.0)
     assert row["engine (input, queue, step)"]["excess_ms"] == pytest.approx(0.0)
     table = tail_markdown([row])
     assert "| stream-c16 | loopbridge | 42.0 / 12.0 | **+30.0** | " in table[-1]
+    # A stage no request has (here: all but the two above) has no figure.
+    assert table[-1].count("| n/a ") == len(STAGES) - 2
     assert tail_markdown([]) == []
 
 

@@ -42,6 +42,7 @@ class JobRecord:
     wall_s: float
     samples: list[Sample]
     server_cpu_s: float | None = None  # CPU seconds of the serving process during the job
+    client_cpu_s: float | None = None  # CPU seconds of the load generator during the job
     engine_died: bool = False
     busy: bool = False
     own_loop: bool = False  # busy: on the actor's loop, the engine on a loop of its own

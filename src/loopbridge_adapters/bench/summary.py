@@ -22,11 +22,14 @@ if TYPE_CHECKING:
     from .record import JobRecord
 
 __all__ = [
+    "CLIENT_BUSY_SHARE",
     "COMPARED",
     "RATIO_FLOOR",
     "STOCK_TARGETS",
     "Target",
     "check_targets",
+    "client_line",
+    "client_share",
     "errors_check",
     "ms",
     "percentile",
@@ -148,6 +151,7 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
     rates = [r.ok / r.wall_s for r in recs if r.wall_s > 0]
     tok_rates = [r.tokens / r.wall_s for r in recs if r.wall_s > 0]
     cpu = [r.server_cpu_s for r in recs if r.server_cpu_s is not None]
+    client = [(r.client_cpu_s, r.wall_s) for r in recs if r.client_cpu_s is not None]
     p99_rounds = [percentile([s.e2e for s in r.samples if s.error is None], 99) for r in recs]
     row: dict[str, Any] = {
         "scenario": first.key,
@@ -169,6 +173,9 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
         "rate_rps_rounds": rates,
         "tokens_per_s": statistics.median(tok_rates) if tok_rates else math.nan,
         "cpu_per_request": sum(cpu) / len(ok) if cpu and ok else math.nan,
+        # The load generator's CPU seconds per second of the jobs (1.0: a whole core):
+        # near 1, the client, not the server, sets the latencies.
+        "client_cpu_share": client_share(client),
         "e2e_p99_rounds": p99_rounds,
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
@@ -176,6 +183,31 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
             row[f"{name}_p{q}"] = percentile(xs, q)
         row[f"{name}_max"] = max(xs) if xs else math.nan
     return row
+
+
+def client_share(jobs: Sequence[tuple[float, float]]) -> float:
+    """The client's CPU seconds over the jobs' wall seconds, from ``(cpu_s, wall_s)`` pairs."""
+    wall = sum(w for _, w in jobs)
+    return sum(c for c, _ in jobs) / wall if wall > 0 else math.nan
+
+
+#: A load generator busier than this (share of one core) may delay its own requests.
+CLIENT_BUSY_SHARE = 0.5
+
+
+def client_line(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line: the busiest the load generator was, and a warning if it was busy."""
+    shares = [(r["client_cpu_share"], r) for r in rows if not math.isnan(r["client_cpu_share"])]
+    if not shares:
+        return []
+    share, r = max(shares, key=lambda x: x[0])
+    line = f"The load generator used at most {share:.0%} of a core ({r['scenario']}, {r['mode']})"
+    if share > CLIENT_BUSY_SHARE:
+        return [
+            f"{line}: above {CLIENT_BUSY_SHARE:.0%}, it may delay its own requests, so "
+            "its latencies say more about the client than the servers."
+        ]
+    return [f"{line}."]
 
 
 def _add_ratios(rows: list[dict[str, Any]], baselines: Sequence[str]) -> None:

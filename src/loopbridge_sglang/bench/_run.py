@@ -228,7 +228,7 @@ def _job(
             endpoint=_ENDPOINT,
         )
         cpu0, gc0 = time.process_time(), gc_clock.snapshot()
-        wall, samples = load.run(job)
+        wall, samples, client_cpu = load.run(job)
         cpu = time.process_time() - cpu0
         gc_full, gc_full_s = gc_clock.since(gc0)
     return JobRecord(
@@ -240,6 +240,7 @@ def _job(
         wall_s=wall,
         samples=samples,
         server_cpu_s=cpu,
+        client_cpu_s=client_cpu,
         engine_died=not stack.healthy,
         endpoint=_ENDPOINT,
         # Full (generation 2) collections in this process during the job.
@@ -277,7 +278,7 @@ class _GcClock:
 
 
 def _versions() -> dict[str, str]:
-    return versions("sglang", "torch", "uvicorn", "uvloop", "fastapi")
+    return versions("sglang", "torch", "uvicorn", "uvloop", "fastapi", "aiohttp")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

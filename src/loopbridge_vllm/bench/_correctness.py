@@ -126,7 +126,7 @@ def run_correctness(
                 first_id=first_id + n * requests,
             )
             with CollectorSetHold() as hook:
-                _, samples = load.run(job)
+                samples = load.run(job).samples
             log_path = None if files[mode] is None else str(files[mode])
             outcomes.append(_outcome(mode, samples, stack.healthy, errors, hook, log_path))
     finally:

@@ -18,6 +18,7 @@ from loopbridge_adapters.bench.summary import (
     STOCK_TARGETS,
     Target,
     check_targets,
+    client_line,
     errors_check,
     percentile,
     scenario_key,
@@ -199,7 +200,7 @@ def _intro(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
             f"{_three(r, 'tpot')} | {_three(r, 'itl')} | {_three(r, 'e2e')} | "
             f"{_ms(r['cpu_per_request'])} | {err} |"
         )
-    return lines
+    return [*lines, "", *client_line(rows)]
 
 
 #: loopbridge against the raw engine (idle owner only), and against the per-hop fix.

@@ -439,7 +439,7 @@ class _Run:
         self.next_id += n
         self.jobs.append(job)
         cpu0 = _server_cpu(mode, stock)
-        wall, samples = self.load_proc.run(job)
+        wall, samples, client_cpu = self.load_proc.run(job)
         cpu = _server_cpu(mode, stock) - cpu0
         died = (stock is None or not stock.alive) if mode == "stock" else not self.stack.healthy
         probe = self.probe
@@ -453,13 +453,15 @@ class _Run:
             wall_s=wall,
             samples=samples,
             server_cpu_s=cpu,
+            client_cpu_s=client_cpu,
             engine_died=died,
             busy=sc.busy,
             own_loop=sc.own_loop,
             endpoint=sc.endpoint,
             rate_fraction=sc.rate_fraction,
             offered_rps=rate or None,
-            stages=_stages(probe, ok) if probe is not None and mode != "stock" else [],
+            # Stock: the client's own stage only (its server is another process).
+            stages=_stages(probe, ok) if probe is not None else [],
         )
         self.records.append(rec)
         self.partial.write(json.dumps(rec.as_json()) + "\n")
@@ -630,6 +632,8 @@ def _stages(probe: StageProbe, samples: list[Sample]) -> list[dict[str, float]]:
     out = []
     for s in samples:
         m = dict(marks.get(s.number, {}), sent=s.sent_at, first=s.sent_at + s.ttft)
+        if s.written_at:
+            m["written"] = s.written_at
         out.append(stages_of(m))
     return out
 
@@ -647,7 +651,7 @@ def _server_cpu(mode: str, stock: StockServer | None) -> float:
 
 
 def _versions() -> dict[str, str]:
-    return versions("vllm", "httpx", "uvicorn", "torch")
+    return versions("vllm", "aiohttp", "uvicorn", "torch")
 
 
 class _NoBar:

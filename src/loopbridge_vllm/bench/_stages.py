@@ -1,6 +1,6 @@
 """Where a streamed request's first token spends its time, stage by stage.
 
-Opt-in (``--stages on``): :class:`StageProbe` stamps each request at twelve points
+Opt-in (``--stages on``): :class:`StageProbe` stamps each request at thirteen points
 on the host's monotonic clock (``time.perf_counter``, ``CLOCK_MONOTONIC``: the same
 clock in the load generator, this process and the EngineCore), keyed by the
 request's number in the run, which the load generator sends as ``X-Request-Id``
@@ -10,6 +10,7 @@ request's number in the run, which the load generator sends as ``X-Request-Id``
 mark               where                                        thread
 =================  ===========================================  ==============
 ``sent``           the client sends the request                 load process
+``written``        its body goes to the socket                  load process
 ``http_parsed``    uvicorn has parsed the request's headers     HTTP loop
 ``http_in``        the ASGI app is called                       HTTP loop
 ``http_generate``  the serving layer calls ``generate``         HTTP loop
@@ -34,12 +35,14 @@ Invariants: with the probe off nothing is patched and nothing is recorded (no
 cost); installed, the patches wrap vLLM's ``AsyncLLM.generate`` and
 ``OutputProcessor.process_outputs`` and the constructor of uvicorn's h11 request
 cycle (made once a request's headers are parsed) at class level, in this process
-only, and :meth:`StageProbe.uninstall` restores the originals.  ``http_parsed``
-splits the wait before the app: a request that waits before it is parsed waits in
-the client, the kernel or an HTTP loop that has not read it yet; one that waits
-after waits for the HTTP loop to run the app's task.  Closing the wrapping
+only, and :meth:`StageProbe.uninstall` restores the originals.  ``written`` and
+``http_parsed`` split the wait before the app: before ``written`` the request waits
+in the client itself (its event loop, its connection pool); between the two, in the
+kernel or in an HTTP loop that has not read it yet; after ``http_parsed``, for the
+HTTP loop to run the app's task.  Closing the wrapping
 generator closes vLLM's (where vLLM aborts the request), on the loop it runs on.
-``vllm serve`` (stock) is another process: only its client-side marks exist.
+``vllm serve`` (stock) is another process: only its client-side marks exist, so
+its rows have the client's own stage alone.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ __all__ = [
     "tail_rows",
 ]
 
+#: A table cell for a stage no request of the group has (stock: the server's stages).
+_NO_DATA = "n/a"
 #: The slowest share of first tokens whose stages :func:`tail_rows` takes apart.
 TAIL_SHARE = 0.02
 
@@ -86,7 +91,8 @@ def _request_id(scope: Mapping[str, Any]) -> str | None:
 
 #: (stage, from mark, to mark), in the order a request passes them.
 STAGES: tuple[tuple[str, str, str], ...] = (
-    ("client to request parsed", "sent", "http_parsed"),
+    ("client before sending", "sent", "written"),
+    ("sending to request parsed", "written", "http_parsed"),
     ("parsed to app call", "http_parsed", "http_in"),
     ("HTTP pre-processing", "http_in", "http_generate"),
     ("admission to owner loop", "http_generate", "owner_start"),
@@ -296,7 +302,10 @@ def stages_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         ["scenario", "mode", *names],
     )
     for r in rows:
-        cells = [f"{r[n]['p50_ms']:.2f} / {r[n]['p99_ms']:.2f}" for n in names]
+        cells = [
+            _NO_DATA if not r[n]["n"] else f"{r[n]['p50_ms']:.2f} / {r[n]['p99_ms']:.2f}"
+            for n in names
+        ]
         lines.append(f"| {r['scenario']} | {r['mode']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -361,10 +370,16 @@ def tail_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in rows:
         excess = {n: r[n]["excess_ms"] for n in names}
         top = max(names, key=lambda n: -math.inf if math.isnan(excess[n]) else excess[n])
-        cells = [(f"**{excess[n]:+.1f}**" if n == top else f"{excess[n]:+.1f}") for n in names]
+        cells = [_excess_cell(excess[n], n == top) for n in names]
         ttft = f"{r['ttft_tail_ms']:.1f} / {r['ttft_middle_ms']:.1f}"
         lines.append(f"| {r['scenario']} | {r['mode']} | {ttft} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _excess_cell(ms: float, top: bool) -> str:
+    if math.isnan(ms):
+        return _NO_DATA
+    return f"**{ms:+.1f}**" if top else f"{ms:+.1f}"
 
 
 def _table_head(caption: str, columns: Sequence[str]) -> list[str]:
