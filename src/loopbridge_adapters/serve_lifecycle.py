@@ -245,7 +245,8 @@ class ServeCommand(abc.ABC, Generic[_P]):
             code = 0  # asked to stop while the engine started: no server
             if not signals.stop.is_set():
                 server = self.start(opts, plan, engine, owner, sock)
-                print(f"serving on {server.url}", flush=True)
+                interval = sys.getswitchinterval() * 1e3  # the server's, while it serves
+                print(f"serving on {server.url} (switch interval {interval:g} ms)", flush=True)
                 code = serve_until_stopped(signals.stop, server)
             received = signals.received
             if received is not None and received in self.failure_signals:

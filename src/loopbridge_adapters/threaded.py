@@ -35,6 +35,9 @@ Invariants:
   a free one); :attr:`host`, :attr:`port` and :attr:`url` are the bound address
   (``unix:PATH`` with port 0 for a Unix socket, as vLLM's launcher announces it; the
   scheme is :meth:`_scheme`'s).
+* **The switch interval** (``switch_interval``, default 1 ms; None: the
+  interpreter's, untouched) holds while the server serves, and comes back when it
+  stops: :mod:`loopbridge_adapters.switch_interval`.
 * **The socket is closed on every path** that ends the server: a stop (before start
   too), a failed or timed-out start, a start the adapter refuses (:meth:`_claim`). A
   start refused on the owner loop keeps it: ``astart()`` may follow.
@@ -55,6 +58,11 @@ from typing import Any, ClassVar, TypeVar
 from loopbridge import LoopAffinityError, LoopThread
 
 from .http import ExitReason, adopt_listener, bind, loop_factory, thread_server_class
+from .switch_interval import (
+    DEFAULT_SWITCH_INTERVAL_S,
+    check_switch_interval,
+    serving_switch_interval,
+)
 
 __all__ = ["OWNER_STOPPED_TICKS", "ServerStartError", "ThreadedServer"]
 
@@ -108,7 +116,9 @@ class ThreadedServer(abc.ABC):
         watchdog_interval: float,
         name: str,
         use_uvloop: bool,
+        switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
     ) -> None:
+        self._switch_interval = check_switch_interval(switch_interval)
         self._sock = self._listen(host, port) if sock is None else adopt_listener(sock)
         bound = self._sock.getsockname()
         if self._sock.family == socket.AF_UNIX:
@@ -318,7 +328,8 @@ class ThreadedServer(abc.ABC):
             if self._stopped:
                 return
             self._server = server
-        with self._serving(server):
+        interval = serving_switch_interval(self._switch_interval, self._logger, self._kind)
+        with self._serving(server), interval:
             serving = asyncio.create_task(server.serve(sockets=[self._sock]))
             watchdog = asyncio.create_task(self._watchdog(server))
             try:

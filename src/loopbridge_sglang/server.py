@@ -37,6 +37,7 @@ from typing import Any
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
 from loopbridge_adapters.http import ExitReason
+from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 
 from .manager import is_tokenizer_manager_proxy, tokenizer_manager_proxy
@@ -155,6 +156,7 @@ class SGLangServer(ThreadedServer):
         access_log: bool = False,
         api_key: str | None = None,
         admin_api_key: str | None = None,
+        switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
     ) -> None:
         if not is_tokenizer_manager_proxy(manager):
             manager = tokenizer_manager_proxy(manager)
@@ -183,6 +185,7 @@ class SGLangServer(ThreadedServer):
             watchdog_interval=watchdog_interval,
             name=name,
             use_uvloop=use_uvloop,
+            switch_interval=switch_interval,
         )
 
     # -- the engine's part of the server thread -----------------------------------------
@@ -286,6 +289,7 @@ def start_sglang_server(
     access_log: bool = False,
     api_key: str | None = None,
     admin_api_key: str | None = None,
+    switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
 ) -> SGLangServer:
     """Serve SGLang's HTTP app for ``manager`` from a new thread; return when ready.
 
@@ -297,6 +301,8 @@ def start_sglang_server(
     stock logs every request at info level, this server by default does not).
     ``api_key`` and ``admin_api_key`` are SGLang's (``--api-key``, ``--admin-api-key``):
     SGLang's own API-key middleware checks them, as its launcher installs it.
+    ``switch_interval``: the interpreter's switch interval while serving (default
+    1 ms; None leaves it alone), as :mod:`loopbridge_adapters.switch_interval` says.
     """
     return SGLangServer(
         manager,
@@ -312,4 +318,5 @@ def start_sglang_server(
         access_log=access_log,
         api_key=api_key,
         admin_api_key=admin_api_key,
+        switch_interval=switch_interval,
     ).start(start_timeout)

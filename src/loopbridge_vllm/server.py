@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
 from loopbridge_adapters.http import ExitReason, bind, bind_unix, loop_factory
+from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
@@ -266,6 +267,7 @@ class OpenAIServer(ThreadedServer):
         weight_version_tags: bool = False,
         paused_admission: str | PausePolicy = PausePolicy.ENGINE,
         paused_hold_s: float = 60.0,
+        switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
     ) -> None:
         self.client = client
         self._paused_admission = pause_policy(paused_admission)
@@ -300,6 +302,7 @@ class OpenAIServer(ThreadedServer):
             watchdog_interval=watchdog_interval,
             name=name,
             use_uvloop=use_uvloop,
+            switch_interval=switch_interval,
         )
 
     def _release(self) -> None:
@@ -491,6 +494,7 @@ def start_openai_server(
     weight_version_tags: bool = False,
     paused_admission: str | PausePolicy = PausePolicy.ENGINE,
     paused_hold_s: float = 60.0,
+    switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -536,6 +540,12 @@ def start_openai_server(
     ``Retry-After`` before it reaches the engine, ``"hold"`` keeps it in the
     server until the resume, for at most ``paused_hold_s`` seconds (then 503).
     See :mod:`loopbridge_vllm._paused_admission` and docs/vllm.md.
+
+    While it serves, the interpreter's switch interval is ``switch_interval``
+    seconds (default 1 ms, logged at info level; restored when the last server
+    stops): the HTTP and owner threads then wait at most about that long for a
+    GIL that the process's other Python work holds. ``None`` leaves it alone.
+    See :mod:`loopbridge_adapters.switch_interval`.
     """
     settings = dict(locals())  # every parameter above, by name
     timeout = settings.pop("start_timeout")
@@ -562,6 +572,7 @@ async def astart_openai_server(
     weight_version_tags: bool = False,
     paused_admission: str | PausePolicy = PausePolicy.ENGINE,
     paused_hold_s: float = 60.0,
+    switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,6 +169,8 @@ def test_a_stop_signal_stops_server_then_engine_then_owner_loop(
     assert command.built_on is command.owner.loop  # built on the owner loop
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("serving on http://127.0.0.1:")
+    # The interval in force while it served (this fake server sets none).
+    assert out[0].endswith(f" (switch interval {sys.getswitchinterval() * 1e3:g} ms)")
     assert out[1:] == ["server stopped", "engine stopped"]
 
 

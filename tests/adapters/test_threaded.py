@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import threading
 from collections.abc import Iterator, MutableMapping
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 
 from loopbridge import LoopAffinityError, LoopThread
 from loopbridge_adapters.http import ExitReason, bind
+from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 
 pytest.importorskip("uvicorn", reason="the recipes group is not installed")
@@ -62,7 +64,14 @@ class _Server(ThreadedServer):
     _start_error = _StartError
     _kind = "test server"
 
-    def __init__(self, owner: LoopThread, app: _App, *, grace: float = BOUND_S) -> None:
+    def __init__(
+        self,
+        owner: LoopThread,
+        app: _App,
+        *,
+        grace: float = BOUND_S,
+        switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+    ) -> None:
         self.owner_loop = owner.loop
         self.app = app
         self.engine_dead: ExitReason | None = None
@@ -76,6 +85,7 @@ class _Server(ThreadedServer):
             watchdog_interval=0.01,
             name="test-threaded-server",
             use_uvloop=False,
+            switch_interval=switch_interval,
         )
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
@@ -274,3 +284,27 @@ def test_start_failures_raise_the_shared_start_error_by_default(owner: LoopThrea
     with pytest.raises(ServerStartError, match="failed to start: no app today"):
         Plain(owner, _App()).start()
     assert ThreadedServer._start_error is ServerStartError
+
+
+def test_the_switch_interval_holds_while_serving_and_comes_back(owner: LoopThread) -> None:
+    """1 ms while the server serves (the default), the interpreter's after a stop, also
+    after the watchdog ended the serving; ``None`` leaves it alone throughout."""
+    before = sys.getswitchinterval()
+    assert before != DEFAULT_SWITCH_INTERVAL_S
+    server = _Server(owner, _App()).start()
+    assert sys.getswitchinterval() == DEFAULT_SWITCH_INTERVAL_S
+    server.stop()
+    assert sys.getswitchinterval() == before
+    with _Server(owner, _App(), switch_interval=None):
+        assert sys.getswitchinterval() == before
+    dying = _Server(owner, _App()).start()
+    assert sys.getswitchinterval() == DEFAULT_SWITCH_INTERVAL_S
+    dying.engine_dead = ExitReason.ENGINE_DIED  # the watchdog ends the serving by itself
+    dying.thread.join(BOUND_S)
+    assert not dying.thread.is_alive() and sys.getswitchinterval() == before
+    dying.stop()
+
+
+def test_a_bad_switch_interval_is_refused_before_anything_starts(owner: LoopThread) -> None:
+    with pytest.raises(ValueError, match="switch_interval must be a positive number"):
+        _Server(owner, _App(), switch_interval=0.0)

@@ -129,6 +129,17 @@ def test_prompt_too_short_for_its_number_is_refused(capsys: pytest.CaptureFixtur
     assert "request's number in the run" in capsys.readouterr().err
 
 
+def test_switch_interval_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """The servers' own default unless told: a number of ms, or off (the interpreter's)."""
+    assert parse_args([]).switch_interval_ms == 1.0
+    assert parse_args(["--switch-interval-ms", "0.5"]).switch_interval_ms == 0.5
+    assert parse_args(["--switch-interval-ms", "off"]).switch_interval_ms is None
+    for bad in ("0", "-1", "fast"):
+        with pytest.raises(SystemExit):
+            parse_args(["--switch-interval-ms", bad])
+        assert f"a positive number of ms or off, not '{bad}'" in capsys.readouterr().err
+
+
 def test_lognormal_lengths_are_seeded_bounded_and_right_skewed() -> None:
     job = _job(lengths="lognormal", prompt_len=256, output_len=128, requests=4000, seed=7)
     lengths = [request_lengths(job, i) for i in range(4000)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from loopbridge_adapters.bench.args import (
     resolve_load_defaults,
 )
 from loopbridge_adapters.bench.load import ID_TOKENS, LENGTH_SHAPES, OPENAI_ENDPOINTS, length_bounds
+from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
 from ._devices import parse_fake_gpus
 from ._stack import THREADED_MODES
@@ -314,11 +316,25 @@ def _phase_options(group: Any) -> None:
     )
     group.add_argument(
         "--switch-interval-ms",
-        type=float,
-        default=None,
-        help="sys.setswitchinterval of this process (the threaded modes' servers and engine "
-        "owner loop) during the run, in ms (default: the interpreter's, 5)",
+        type=_switch_interval_ms,
+        default=DEFAULT_SWITCH_INTERVAL_S * 1e3,
+        help="the threaded servers' switch_interval while they serve, in ms (default "
+        f"{DEFAULT_SWITCH_INTERVAL_S * 1e3:g}, the servers' own default; off: leave the "
+        "interpreter's, 5 ms unless changed)",
     )
+
+
+def _switch_interval_ms(text: str) -> float | None:
+    """``--switch-interval-ms``: a positive number of ms, or ``off`` (None)."""
+    if text == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a positive number of ms or off, not {text!r}")
+    return value
 
 
 def _check_sizes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -338,8 +354,6 @@ def _check_sizes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error("--warmup-rounds must be >= 0")
     if args.shared_prefix < 0:
         ap.error("--shared-prefix must be >= 0")
-    if args.switch_interval_ms is not None and args.switch_interval_ms <= 0:
-        ap.error("--switch-interval-ms must be positive")
 
 
 def _resolve_model(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -332,10 +332,10 @@ class _Run:
         self.probe = StageProbe().install() if args.stages == "on" else None
         threaded = tuple(m for m in self.modes if m != "stock")
         spec = _placed(self.spec, self.placement["threaded"]) if threaded else self.spec
-        self.stack = Stack(spec, threaded, self.probe)
-        self.switch = sys.getswitchinterval()
-        if args.switch_interval_ms is not None:
-            sys.setswitchinterval(args.switch_interval_ms / 1e3)
+        ms = args.switch_interval_ms
+        self.stack = Stack(spec, threaded, self.probe, None if ms is None else ms / 1e3)
+        # While the threaded servers serve: theirs, or (off) the interpreter's as it is.
+        self.switch_ms = sys.getswitchinterval() * 1e3 if ms is None else ms
         self.load_avg = {"start": list(os.getloadavg())}
 
     def note(self, text: str) -> None:
@@ -523,7 +523,6 @@ class _Run:
         if self.stock is not None:
             self.stock.stop()
         self.load_proc.close()
-        sys.setswitchinterval(self.switch)
         if self.probe is not None:
             self.probe.uninstall()
         self.load_avg["end"] = list(os.getloadavg())
@@ -615,7 +614,7 @@ def _meta(r: _Run) -> dict[str, Any]:
         "engine_restarts": r.stack.restarts,
         "max_num_seqs": args.max_num_seqs,
         "load_average": r.load_avg,
-        "switch_interval_ms": args.switch_interval_ms or r.switch * 1e3,
+        "switch_interval_ms": r.switch_ms,
         "stages": args.stages,
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from loopbridge_adapters.engine_loop import EngineLoop
+from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
 from ._stages import StageProbe, TimedClient
 
@@ -137,8 +138,10 @@ class Stack:
         spec: EngineSpec,
         modes: tuple[str, ...] = THREADED_MODES,
         probe: StageProbe | None = None,
+        switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
     ) -> None:
         self.spec = spec
+        self.switch_interval = switch_interval  # every server's (see OpenAIServer)
         self.modes = modes
         self.probe = probe  # marks every request's stages (see _stages); None: no cost
         self.owner: EngineLoop | None = None
@@ -185,7 +188,9 @@ class Stack:
         if mode not in THREADED_MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {THREADED_MODES}")
         if mode == "loopbridge" and self.probe is None:
-            return start_openai_server(self.engine, start_timeout=120)
+            return start_openai_server(
+                self.engine, start_timeout=120, switch_interval=self.switch_interval
+            )
         client: Any = self.engine  # unsafe: the raw engine
         if mode == "per-hop":
             client = PerHopClient(self.engine, self.owner.loop)
@@ -196,7 +201,13 @@ class Stack:
             # Every threaded mode wrapped alike: the same marks, the same cost.
             client = TimedClient(client, self.probe)
             middleware.append(self.probe.middleware())
-        return OpenAIServer(client, name=f"bench-http-{mode}", middleware=middleware).start(120)
+        server = OpenAIServer(
+            client,
+            name=f"bench-http-{mode}",
+            middleware=middleware,
+            switch_interval=self.switch_interval,
+        )
+        return server.start(120)
 
     def kv_cache(self) -> dict[str, Any]:
         """The engine's KV cache as its EngineCore reported it at start-up."""
