@@ -20,7 +20,8 @@ The command's lifecycle (signals, owner loop, build, serve, stop) is
 :func:`add_listen_options`, :func:`listen_conflicts` and :func:`listen_on` are the
 ``--host``/``--port`` a ``serve`` command takes before ``--``: the engine's own parser
 takes them after ``--`` too, and giving one in both places is an error, not a choice.
-:func:`add_loop_options` is the owner loop's and the server loop's ``--uvloop`` choice.
+:func:`add_loop_options` is the owner loop's and the server loop's ``--uvloop`` choice, and
+the interpreter's switch interval while serving (:func:`switch_interval`).
 
 :func:`run_subcommand` is ``python -m loopbridge_<engine>``'s dispatch: help, ``serve``,
 subcommands delegated to another module's ``main``, and the exit status of each.
@@ -38,6 +39,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .switch_interval import DEFAULT_SWITCH_INTERVAL_S, parse_switch_interval_ms
+
 __all__ = [
     "OptionTable",
     "Refusal",
@@ -51,6 +54,7 @@ __all__ = [
     "option_name",
     "report_usage_error",
     "run_subcommand",
+    "switch_interval",
 ]
 
 
@@ -207,7 +211,8 @@ def listen_on(
 
 
 def add_loop_options(parser: argparse.ArgumentParser, server_default: str) -> None:
-    """``--uvloop`` (the owner loop) and ``--no-server-uvloop`` (the HTTP server's loop)."""
+    """``--uvloop`` (the owner loop), ``--no-server-uvloop`` (the HTTP server's loop) and
+    ``--switch-interval-ms`` (the interpreter's while serving: :func:`switch_interval`)."""
     parser.add_argument("--uvloop", action="store_true", help="use uvloop for the owner loop")
     parser.add_argument(
         "--no-server-uvloop",
@@ -215,6 +220,19 @@ def add_loop_options(parser: argparse.ArgumentParser, server_default: str) -> No
         action="store_false",
         help=f"run the HTTP server's loop on asyncio instead of uvloop (default: {server_default})",
     )
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=parse_switch_interval_ms,
+        default=DEFAULT_SWITCH_INTERVAL_S * 1e3,
+        help="the interpreter's switch interval while the server serves, in ms; off leaves the "
+        f"interpreter's (default: {DEFAULT_SWITCH_INTERVAL_S * 1e3:g})",
+    )
+
+
+def switch_interval(opts: argparse.Namespace) -> float | None:
+    """The server's ``switch_interval`` (seconds, or None) from ``--switch-interval-ms``."""
+    ms: float | None = opts.switch_interval_ms
+    return None if ms is None else ms / 1e3
 
 
 def report_usage_error(exc: UsageError) -> int:

@@ -26,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import math
@@ -33,7 +34,12 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["DEFAULT_SWITCH_INTERVAL_S", "check_switch_interval", "serving_switch_interval"]
+__all__ = [
+    "DEFAULT_SWITCH_INTERVAL_S",
+    "check_switch_interval",
+    "parse_switch_interval_ms",
+    "serving_switch_interval",
+]
 
 #: What a threaded server sets while it serves, unless told otherwise (seconds).
 DEFAULT_SWITCH_INTERVAL_S = 0.001
@@ -54,6 +60,19 @@ def check_switch_interval(seconds: float | None) -> float | None:
             f"not {seconds!r}"
         )
     return seconds
+
+
+def parse_switch_interval_ms(text: str) -> float | None:
+    """A command line's ``--switch-interval-ms``: a positive number of ms, or ``off`` (None)."""
+    if text == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a positive number of ms or off, not {text!r}")
+    return value
 
 
 @contextlib.contextmanager

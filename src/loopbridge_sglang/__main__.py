@@ -39,6 +39,7 @@ from loopbridge_adapters.serve_cli import (
     listen_conflicts,
     listen_on,
     run_subcommand,
+    switch_interval,
 )
 from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
 
@@ -181,6 +182,7 @@ class _Serve(ServeCommand[_Plan]):
             grace=opts.grace,
             log_level=server_args.log_level_http or server_args.log_level,
             use_uvloop=opts.server_uvloop,
+            switch_interval=switch_interval(opts),
             template_manager=engine.template_manager,
             scheduler_info=engine.scheduler_info,
             root_path=server_args.fastapi_root_path or "",

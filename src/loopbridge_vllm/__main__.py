@@ -31,6 +31,7 @@ from loopbridge_adapters.serve_cli import (
     listen_conflicts,
     listen_on,
     run_subcommand,
+    switch_interval,
 )
 from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
 from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
@@ -194,6 +195,7 @@ class _Serve(ServeCommand[_Plan]):
             grace=plan.grace,
             log_level=plan.ns.uvicorn_log_level,
             use_uvloop=opts.server_uvloop,
+            switch_interval=switch_interval(opts),
             metrics=opts.metrics,
             max_body_bytes=opts.max_body_bytes or None,
             sock=sock,

@@ -18,6 +18,7 @@ from loopbridge_adapters.serve_cli import (
     Refusal,
     UsageError,
     add_listen_options,
+    add_loop_options,
     bind_failure,
     given_options,
     listen_conflicts,
@@ -25,6 +26,7 @@ from loopbridge_adapters.serve_cli import (
     option_name,
     report_usage_error,
     run_subcommand,
+    switch_interval,
 )
 
 
@@ -212,3 +214,16 @@ def test_a_delegated_subcommand_runs_its_modules_main(
     # Not installed: said so, not a traceback.
     assert commands.run(["gpu"], {"gpu": "lb_test_no_such_module"}) == 2
     assert capsys.readouterr().err == "subcommand 'gpu' is not available in this installation\n"
+
+
+def test_loop_options_and_the_switch_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="serve")
+    add_loop_options(parser, "uvloop")
+    opts = parser.parse_args([])
+    assert (opts.uvloop, opts.server_uvloop, switch_interval(opts)) == (False, True, 0.001)
+    opts = parser.parse_args(["--no-server-uvloop", "--switch-interval-ms", "0.5"])
+    assert (opts.server_uvloop, switch_interval(opts)) == (False, 0.0005)
+    assert switch_interval(parser.parse_args(["--switch-interval-ms", "off"])) is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--switch-interval-ms", "0"])
+    assert "a positive number of ms or off, not '0'" in capsys.readouterr().err

@@ -6,6 +6,7 @@ No timing is asserted: the marks are checked by their order and their keys.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -212,6 +213,9 @@ def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
     assert "| stream-c16 | loopbridge | 42.0 / 12.0 | **+30.0** | " in table[-1]
     # A stage no request has (here: all but the two above) has no figure.
     assert table[-1].count("| n/a ") == len(STAGES) - 2
+    # A group whose slowest lost no time in any stage has no bold cause.
+    (quick,) = tail_rows([dataclasses.replace(rec, stages=[fast] * 100)])
+    assert "**" not in tail_markdown([quick])[-1]
     assert tail_markdown([]) == []
 
 

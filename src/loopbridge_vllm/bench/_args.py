@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from loopbridge_adapters.bench.args import (
     resolve_load_defaults,
 )
 from loopbridge_adapters.bench.load import ID_TOKENS, LENGTH_SHAPES, OPENAI_ENDPOINTS, length_bounds
-from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
+from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S, parse_switch_interval_ms
 
 from ._devices import parse_fake_gpus
 from ._stack import THREADED_MODES
@@ -316,25 +315,12 @@ def _phase_options(group: Any) -> None:
     )
     group.add_argument(
         "--switch-interval-ms",
-        type=_switch_interval_ms,
+        type=parse_switch_interval_ms,
         default=DEFAULT_SWITCH_INTERVAL_S * 1e3,
         help="the threaded servers' switch_interval while they serve, in ms (default "
         f"{DEFAULT_SWITCH_INTERVAL_S * 1e3:g}, the servers' own default; off: leave the "
         "interpreter's, 5 ms unless changed)",
     )
-
-
-def _switch_interval_ms(text: str) -> float | None:
-    """``--switch-interval-ms``: a positive number of ms, or ``off`` (None)."""
-    if text == "off":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"a positive number of ms or off, not {text!r}")
-    return value
 
 
 def _check_sizes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -379,7 +379,8 @@ def tail_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def _excess_cell(ms: float, top: bool) -> str:
     if math.isnan(ms):
         return _NO_DATA
-    return f"**{ms:+.1f}**" if top else f"{ms:+.1f}"
+    # Bold: the largest excess, if the slowest lost any time there at all.
+    return f"**{ms:+.1f}**" if top and ms > 0 else f"{ms:+.1f}"
 
 
 def _table_head(caption: str, columns: Sequence[str]) -> list[str]:

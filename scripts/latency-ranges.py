@@ -1,0 +1,105 @@
+"""Ranges over several runs of the latency benchmark: the tables docs/performance.md quotes.
+
+    .venv/bin/python scripts/latency-ranges.py results/quiet-1 results/quiet-2 results/quiet-3
+
+For each scenario, over the runs (each run's ratios taken within that run): the p99s of
+TTFT and e2e per mode (smallest to largest), loopbridge's ratios to stock and to
+per-hop, and its throughput and CPU per request against stock. Then, with
+``--stages on`` runs, where the slowest first tokens lose their time, pooled over
+the runs (the report's tail table). Markdown on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+OURS = "loopbridge"
+_DASH = "\u2013"  # a range, as the docs write it
+
+
+def _span(xs: list[float], fmt: str) -> str:
+    lo, hi = min(xs), max(xs)
+    return (
+        fmt.format(lo)
+        if fmt.format(lo) == fmt.format(hi)
+        else f"{fmt.format(lo)}{_DASH}{fmt.format(hi)}"
+    )
+
+
+def _rows(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        for r in run["rows"]:
+            out.setdefault((r["scenario"], r["mode"]), []).append(r)
+    return out
+
+
+def ranges_table(runs: list[dict[str, Any]]) -> list[str]:
+    rows = _rows(runs)
+    lines = [
+        "| scenario | TTFT p99 ms: stock / per-hop / loopbridge | ÷ stock | ÷ per-hop "
+        "| e2e p99 ms: stock / per-hop / loopbridge | ÷ stock | ÷ per-hop | req/s ÷ stock "
+        "| CPU/req ÷ stock | client CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    scenarios = dict.fromkeys(sc for sc, mode in rows if mode == OURS)
+    for sc in scenarios:
+        ours, stock, hop = rows[(sc, OURS)], rows[(sc, "stock")], rows.get((sc, "per-hop"))
+        cells = [sc]
+        for stat in ("ttft_p99", "e2e_p99"):
+            per_mode = [stock, *([hop] if hop else []), ours]
+            cells.append(
+                " / ".join(_span([r[stat] * 1e3 for r in rs], "{:.0f}") for rs in per_mode)
+            )
+            cells.append(_span([o[stat] / s[stat] for o, s in zip(ours, stock)], "{:.2f}"))
+            ratio = [o[stat] / h[stat] for o, h in zip(ours, hop)] if hop else []
+            cells.append(_span(ratio, "{:.2f}") if ratio else "n/a")
+        cells.append(_span([o["rate_rps"] / s["rate_rps"] for o, s in zip(ours, stock)], "{:.2f}"))
+        cpu = [o["cpu_per_request"] / s["cpu_per_request"] for o, s in zip(ours, stock)]
+        cells.append(_span(cpu, "{:.2f}"))
+        # The load generator's busiest share of a core in any mode's job of the scenario.
+        client = [
+            r.get("client_cpu_share", 0.0) for (s, _), rs in rows.items() if s == sc for r in rs
+        ]
+        cells.append(f"{max(client):.0%}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def tail_table(runs: list[dict[str, Any]]) -> list[str]:
+    from loopbridge_adapters.bench.load import Sample
+    from loopbridge_adapters.bench.record import JobRecord
+    from loopbridge_vllm.bench._stages import tail_markdown, tail_rows
+
+    names = {f.name for f in dataclasses.fields(JobRecord)}
+    records = []
+    for run in runs:
+        for rec in run["records"]:
+            kw = {k: v for k, v in rec.items() if k in names}
+            kw["samples"] = [Sample(**s) for s in rec["samples"]]
+            records.append(JobRecord(**kw))
+    return tail_markdown(tail_rows(records))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="each run's --out directory")
+    args = ap.parse_args()
+    runs = [json.loads((d / "latency.json").read_text()) for d in args.runs]
+    loads = [run["meta"].get("load_average", {}).get("start", [None])[0] for run in runs]
+    print(f"{len(runs)} runs; 1-minute load average at each start: {loads}")
+    print()
+    print("\n".join(ranges_table(runs)))
+    print("\n".join(tail_table(runs)))
+
+
+if __name__ == "__main__":
+    main()
