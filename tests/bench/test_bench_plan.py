@@ -129,6 +129,26 @@ def test_prompt_too_short_for_its_number_is_refused(capsys: pytest.CaptureFixtur
     assert "request's number in the run" in capsys.readouterr().err
 
 
+def test_each_cell_meets_its_first_refit_at_its_own_drawn_offset() -> None:
+    """Every mode of a cell the same offset, within one refit period; cells independent."""
+    from loopbridge_adapters.bench.record import Cell
+    from loopbridge_vllm.bench._run import busy_load_of
+    from loopbridge_vllm.bench._stack import BusyLoad
+
+    load = BusyLoad(slice_s=0.004, period_s=0.01, refit_every_s=1.0, refit_pause_s=0.05)
+    cells = [
+        Cell(r, False, i, "stream-c16-busy", ("per-hop", "loopbridge"))
+        for r in range(4)
+        for i in range(3)
+    ]
+    offsets = [busy_load_of(load, 0, cell).first_refit_s for cell in cells]
+    assert offsets == [busy_load_of(load, 0, cell).first_refit_s for cell in cells]
+    assert all(o is not None and 0.0 <= o < 1.0 for o in offsets)
+    assert len(set(offsets)) == len(offsets)
+    assert busy_load_of(load, 1, cells[0]).first_refit_s != offsets[0]  # another --seed
+    assert busy_load_of(load, 0, cells[0]).refit_pause_s == 0.05  # the rest as it was
+
+
 def test_switch_interval_option(capsys: pytest.CaptureFixture[str]) -> None:
     """The servers' own default unless told: a number of ms, or off (the interpreter's)."""
     assert parse_args([]).switch_interval_ms == 1.0

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -409,7 +410,7 @@ class _Run:
             # ``stock`` is another process: nothing to load.
             busy = sc.busy and mode != "stock"
             if busy:
-                self.stack.set_busy(self.load, sc.own_loop)
+                self.stack.set_busy(busy_load_of(self.load, self.args.seed, cell), sc.own_loop)
             try:
                 self._job(cell, mode, n, rate)
             finally:
@@ -539,6 +540,14 @@ class _Run:
             "correctness": self.outcomes,
             "records": self.records,
         }
+
+
+def busy_load_of(load: BusyLoad, seed: int, cell: Cell[Any]) -> BusyLoad:
+    """The busy load of ``cell``'s jobs: its first refit at a time drawn from the cell's
+    seed, within one refit period, so every mode of the cell meets it at the same
+    offset into its job and the offsets of different cells are independent."""
+    rng = random.Random(f"refit:{job_seed(seed, cell)}")
+    return replace(load, first_refit_s=rng.uniform(0.0, load.refit_every_s))
 
 
 def _total_requests(args: argparse.Namespace, scenarios: list[Scenario]) -> int:

@@ -77,6 +77,11 @@ class BusyLoad:
     period_s: float = 0.0  # one slice per period
     refit_every_s: float = 0.0  # a pause/resume cycle this often
     refit_pause_s: float = 0.0  # how long generation stays paused
+    # When the first refit comes, from the load's start (None: after refit_every_s). A
+    # job's closed-loop waves admit their requests together, so whether a pause meets
+    # an admission depends on its phase against the waves: the benchmark draws the
+    # offset per round and scenario, the same for every mode (see _run).
+    first_refit_s: float | None = None
 
     @property
     def active(self) -> bool:
@@ -99,8 +104,10 @@ async def _busy(engine: Any, load: BusyLoad, counters: dict[str, int]) -> None:
             await asyncio.sleep(max(0.0, load.period_s - load.slice_s))
 
     async def refit() -> None:
+        first = load.first_refit_s
         while True:
-            await asyncio.sleep(load.refit_every_s)
+            await asyncio.sleep(load.refit_every_s if first is None else first)
+            first = None
             try:
                 try:
                     await engine.pause_generation(mode="keep", clear_cache=False)
