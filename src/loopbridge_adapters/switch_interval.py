@@ -45,9 +45,9 @@ __all__ = [
 DEFAULT_SWITCH_INTERVAL_S = 0.001
 
 _lock = threading.Lock()
-_holders: list[float] = []  # the interval of each serving server that set one
-_saved: float | None = None  # the interval in force before the first of them
-_ours: float | None = None  # the interval the latest of them set
+_holders = 0  # the serving servers that set an interval
+_saved = 0.0  # while any does: the interval in force before the first of them
+_ours = 0.0  # ... and the interval the latest of them set
 
 
 def check_switch_interval(seconds: float | None) -> float | None:
@@ -87,16 +87,16 @@ def serving_switch_interval(
     try:
         yield
     finally:
-        _let_go(seconds, logger, kind)
+        _let_go(logger, kind)
 
 
 def _hold(seconds: float, logger: logging.Logger, kind: str) -> None:
-    global _saved, _ours
+    global _holders, _saved, _ours
     with _lock:
         before = sys.getswitchinterval()
         if not _holders:
             _saved = before
-        _holders.append(seconds)
+        _holders += 1
         sys.setswitchinterval(seconds)
         _ours = sys.getswitchinterval()
     logger.info(
@@ -108,22 +108,20 @@ def _hold(seconds: float, logger: logging.Logger, kind: str) -> None:
     )
 
 
-def _let_go(seconds: float, logger: logging.Logger, kind: str) -> None:
-    global _saved, _ours
+def _let_go(logger: logging.Logger, kind: str) -> None:
+    global _holders
     with _lock:
-        _holders.remove(seconds)
+        _holders -= 1
         if _holders:
             return  # another server still serves with it
-        saved, ours, now = _saved, _ours, sys.getswitchinterval()
-        _saved = _ours = None
-        assert saved is not None and ours is not None
-        if not math.isclose(now, ours, abs_tol=1e-7):
+        now = sys.getswitchinterval()
+        if not math.isclose(now, _ours, abs_tol=1e-7):
             logger.warning(
                 "%s: the switch interval was changed to %.3g ms while serving; left at that, "
                 "not restored to %.3g ms",
                 kind,
                 now * 1e3,
-                saved * 1e3,
+                _saved * 1e3,
             )
             return
-        sys.setswitchinterval(saved)
+        sys.setswitchinterval(_saved)
