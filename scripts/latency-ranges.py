@@ -12,7 +12,6 @@ the runs (the report's tail table). Markdown on stdout.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -75,17 +74,10 @@ def ranges_table(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def tail_table(runs: list[dict[str, Any]]) -> list[str]:
-    from loopbridge_adapters.bench.load import Sample
     from loopbridge_adapters.bench.record import JobRecord
     from loopbridge_vllm.bench._stages import tail_markdown, tail_rows
 
-    names = {f.name for f in dataclasses.fields(JobRecord)}
-    records = []
-    for run in runs:
-        for rec in run["records"]:
-            kw = {k: v for k, v in rec.items() if k in names}
-            kw["samples"] = [Sample(**s) for s in rec["samples"]]
-            records.append(JobRecord(**kw))
+    records = [JobRecord.from_json(rec) for run in runs for rec in run["records"]]
     return tail_markdown(tail_rows(records))
 
 

@@ -570,3 +570,17 @@ def test_client_share_and_its_warning() -> None:
     assert line.startswith("The load generator used at most 90% of a core (stream-c16, stock)")
     assert "may delay its own requests" in line
     assert client_line([rows[2]]) == []
+
+
+def test_a_job_record_comes_back_from_its_json() -> None:
+    """latency.json's records read back as they were (scripts/latency-ranges.py reads them)."""
+    from loopbridge_adapters.bench.load import Sample
+    from loopbridge_adapters.bench.record import JobRecord
+
+    sample = Sample(start=0.0, ttft=0.01, e2e=0.2, tokens=4, itl=[0.005], written_at=1.5)
+    rec = JobRecord(
+        round=1, warmup=False, mode="loopbridge", stream=True, concurrency=2, wall_s=1.0,
+        samples=[sample], client_cpu_s=0.1, stages=[{"engine (input, queue, step)": 0.01}],
+        extra={"gc_full": 2.0},
+    )  # fmt: skip
+    assert JobRecord.from_json(json.loads(json.dumps(rec.as_json()))) == rec

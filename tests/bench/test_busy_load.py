@@ -14,8 +14,6 @@ import asyncio
 
 import pytest
 
-pytest.importorskip("vllm")
-
 from loopbridge_vllm.bench._stack import BusyLoad, _busy
 
 #: A refit as soon as the load starts, and no time paused beyond the calls.

@@ -19,7 +19,7 @@ alike).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from .load import Sample
@@ -80,6 +80,15 @@ class JobRecord:
         extra = out.pop("extra")
         out.update(ok=self.ok, tokens=self.tokens, **extra)
         return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobRecord:
+        """The record :meth:`as_json` wrote: its fields, the rest back into ``extra``."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        kw["samples"] = [Sample(**s) for s in data["samples"]]
+        kw["extra"] = {k: v for k, v in data.items() if k not in names | {"ok", "tokens"}}
+        return cls(**kw)
 
 
 @dataclass(frozen=True)
