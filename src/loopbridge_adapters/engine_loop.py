@@ -15,12 +15,18 @@ loopbridge's proxies, whose calls cross to the engine's loop::
     await engine_loop.arun(shutdown, engine)  # the engine's own teardown, on its loop
     engine_loop.stop()
 
+The loop is uvloop when uvloop is installed (:func:`engine_loop_factory`), the choice
+``vllm serve`` makes for its engine's loop and Ray makes for an async actor's loop
+(unless ``RAY_USE_UVLOOP`` is off): an engine reached through loopbridge then runs on
+the same kind of loop as the stock server's.  ``use_uvloop=False`` keeps asyncio's.
+
 The engine is *created* there rather than moved with :func:`loopbridge.transfer`:
 an engine that started tasks on the loop it was built on (vLLM's output handler,
 SGLang's tokenizer manager loops) keeps them on that loop, and ``transfer`` moves
 the ownership record, not running tasks.
 
-Invariants: the factory runs on the engine's loop, so everything the engine
+Invariants: ``use_uvloop=True`` without uvloop fails in the constructor, naming the
+fix, before any thread starts; the factory runs on the engine's loop, so everything the engine
 starts while it is built belongs to that loop; :meth:`EngineLoop.abuild` and
 :meth:`EngineLoop.arun` never block the calling loop; the thread is a
 :class:`loopbridge.LoopThread`, whose ``stop`` cancels what is left on the loop,
@@ -36,21 +42,52 @@ from typing import Any, TypeVar, overload
 
 from loopbridge import LoopAffinityError, LoopThread
 
-__all__ = ["EngineLoop"]
+__all__ = ["EngineLoop", "engine_loop_factory", "loop_kind"]
 
 T = TypeVar("T")
+
+
+def engine_loop_factory(use_uvloop: bool | None = None) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop an engine's own loop runs on.
+
+    ``None``: uvloop when it is installed, else asyncio's (what ``vllm serve`` and Ray's
+    async actors choose); ``True``: uvloop, or :class:`ImportError` naming the fix;
+    ``False``: asyncio's.
+    """
+    if use_uvloop is False:
+        return asyncio.new_event_loop
+    try:
+        import uvloop
+    except ImportError as exc:
+        if use_uvloop:
+            raise ImportError(
+                "uvloop was asked for the engine's loop but is not installed: "
+                "pip install uvloop, or choose asyncio's loop (use_uvloop=False, --no-uvloop)"
+            ) from exc
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
+    """``"uvloop"`` or ``"asyncio"``: which implementation ``loop`` is, for logs and reports."""
+    return "uvloop" if type(loop).__module__.partition(".")[0] == "uvloop" else "asyncio"
 
 
 class EngineLoop:
     """A dedicated thread whose event loop owns one engine (or a few objects with it)."""
 
-    def __init__(self, name: str = "engine-loop", *, use_uvloop: bool = False) -> None:
-        self._thread = LoopThread(name, use_uvloop=use_uvloop)
+    def __init__(self, name: str = "engine-loop", *, use_uvloop: bool | None = None) -> None:
+        self._thread = LoopThread(name, loop_factory=engine_loop_factory(use_uvloop))
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The engine's loop (started)."""
         return self._thread.loop
+
+    @property
+    def kind(self) -> str:
+        """``"uvloop"`` or ``"asyncio"`` (started)."""
+        return loop_kind(self.loop)
 
     @property
     def running(self) -> bool:

@@ -211,9 +211,17 @@ def listen_on(
 
 
 def add_loop_options(parser: argparse.ArgumentParser, server_default: str) -> None:
-    """``--uvloop`` (the owner loop), ``--no-server-uvloop`` (the HTTP server's loop) and
-    ``--switch-interval-ms`` (the interpreter's while serving: :func:`switch_interval`)."""
-    parser.add_argument("--uvloop", action="store_true", help="use uvloop for the owner loop")
+    """``--uvloop``/``--no-uvloop`` (the owner loop: None, True or False, as
+    :func:`~loopbridge_adapters.engine_loop.engine_loop_factory` takes it),
+    ``--no-server-uvloop`` (the HTTP server's loop) and ``--switch-interval-ms`` (the
+    interpreter's while serving: :func:`switch_interval`)."""
+    parser.add_argument(
+        "--uvloop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the engine's owner loop on uvloop, or (--no-uvloop) on asyncio's (default: uvloop "
+        "when installed, as the stock server's engine loop)",
+    )
     parser.add_argument(
         "--no-server-uvloop",
         dest="server_uvloop",

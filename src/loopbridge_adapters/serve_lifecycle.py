@@ -16,7 +16,8 @@ both). In order:
    engine's start-up; status 1 and one line), then :meth:`~ServeCommand.bound`;
 5. install the stop signals (:class:`StopSignals`: the main thread's business;
    neither the owner loop nor the server thread installs handlers) and start the
-   owner loop (:class:`loopbridge.LoopThread`);
+   owner loop (:class:`loopbridge.LoopThread`; uvloop when installed, as the stock
+   server's engine loop, unless ``--no-uvloop``);
 6. :meth:`~ServeCommand.build` the engine on the owner loop, :meth:`~ServeCommand.start`
    its server, print ``serving on URL`` (the first line on stdout) and wait for a stop
    signal (status 0) or for the server to stop by itself (status 1);
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import asyncio
 import contextlib
 import gc
 import os
@@ -44,12 +46,13 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from loopbridge import LoopThread
 
+from .engine_loop import engine_loop_factory, loop_kind
 from .http import bind, bind_unix
 from .serve_cli import UsageError, bind_failure, report_usage_error
 
@@ -120,6 +123,15 @@ class StopSignals:
         tb: TracebackType | None,
     ) -> None:
         self.restore()
+
+
+def _owner_loop_factory(opts: argparse.Namespace) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The owner loop's factory from ``--uvloop``/``--no-uvloop``; an explicit ``--uvloop``
+    without uvloop installed is a usage error."""
+    try:
+        return engine_loop_factory(opts.uvloop)
+    except ImportError as exc:
+        raise UsageError(f"--uvloop: {exc}") from None
 
 
 def serve_until_stopped(stop: threading.Event, server: Serving, poll: float = 0.2) -> int:
@@ -219,11 +231,12 @@ class ServeCommand(abc.ABC, Generic[_P]):
     def _run_bound(self, opts: argparse.Namespace, plan: _P, sock: socket.socket) -> int:
         try:
             self.bound(opts, plan, sock)
+            factory = _owner_loop_factory(opts)
         except UsageError as exc:
             sock.close()
             return report_usage_error(exc)
         signals = StopSignals(signal.SIGINT, signal.SIGTERM, *self.failure_signals).install()
-        owner = LoopThread(self.owner_name, use_uvloop=opts.uvloop).start()
+        owner = LoopThread(self.owner_name, loop_factory=factory).start()
         try:
             return self._serve(opts, plan, sock, owner, signals)
         finally:
@@ -246,7 +259,11 @@ class ServeCommand(abc.ABC, Generic[_P]):
             if not signals.stop.is_set():
                 server = self.start(opts, plan, engine, owner, sock)
                 interval = sys.getswitchinterval() * 1e3  # the server's, while it serves
-                print(f"serving on {server.url} (switch interval {interval:g} ms)", flush=True)
+                print(
+                    f"serving on {server.url} (switch interval {interval:g} ms, "
+                    f"owner loop {loop_kind(owner.loop)})",
+                    flush=True,
+                )
                 code = serve_until_stopped(signals.stop, server)
             received = signals.received
             if received is not None and received in self.failure_signals:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import threading
 
 import pytest
 
 import loopbridge as lb
-from loopbridge_adapters.engine_loop import EngineLoop
+from loopbridge_adapters.engine_loop import EngineLoop, engine_loop_factory
 
 
 @lb.loop_affine
@@ -90,3 +92,25 @@ def test_stop_cancels_what_is_left_and_ends_the_thread() -> None:
     assert not engine_loop.running
     assert engine.background.cancelled()
     assert not engine.thread.is_alive()
+
+
+def test_the_loop_is_uvloop_when_installed_unless_asyncio_is_asked_for() -> None:
+    installed = importlib.util.find_spec("uvloop") is not None
+    with EngineLoop("engine-loop-default") as default, EngineLoop(use_uvloop=False) as plain:
+        assert default.kind == ("uvloop" if installed else "asyncio")
+        assert plain.kind == "asyncio" and isinstance(plain.loop, asyncio.BaseEventLoop)
+        if installed:
+            import uvloop
+
+            assert isinstance(default.loop, uvloop.Loop)
+
+
+def test_uvloop_asked_for_but_missing_fails_before_a_thread_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop: ImportError
+    threads = threading.active_count()
+    with pytest.raises(ImportError, match=r"pip install uvloop, or choose asyncio's loop"):
+        EngineLoop(use_uvloop=True)
+    assert engine_loop_factory(None) is asyncio.new_event_loop  # the default falls back
+    assert threading.active_count() == threads

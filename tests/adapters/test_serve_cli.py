@@ -220,7 +220,10 @@ def test_loop_options_and_the_switch_interval(capsys: pytest.CaptureFixture[str]
     parser = argparse.ArgumentParser(prog="serve")
     add_loop_options(parser, "uvloop")
     opts = parser.parse_args([])
-    assert (opts.uvloop, opts.server_uvloop, switch_interval(opts)) == (False, True, 0.001)
+    # The owner loop: None is uvloop when installed (engine_loop_factory).
+    assert (opts.uvloop, opts.server_uvloop, switch_interval(opts)) == (None, True, 0.001)
+    assert parser.parse_args(["--uvloop"]).uvloop is True
+    assert parser.parse_args(["--no-uvloop"]).uvloop is False
     opts = parser.parse_args(["--no-server-uvloop", "--switch-interval-ms", "0.5"])
     assert (opts.server_uvloop, switch_interval(opts)) == (False, 0.0005)
     assert switch_interval(parser.parse_args(["--switch-interval-ms", "off"])) is None

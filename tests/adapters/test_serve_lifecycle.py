@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib.util
 import signal
 import socket
 import sys
@@ -170,8 +171,32 @@ def test_a_stop_signal_stops_server_then_engine_then_owner_loop(
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("serving on http://127.0.0.1:")
     # The interval in force while it served (this fake server sets none).
-    assert out[0].endswith(f" (switch interval {sys.getswitchinterval() * 1e3:g} ms)")
+    kind = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    assert out[0].endswith(
+        f" (switch interval {sys.getswitchinterval() * 1e3:g} ms, owner loop {kind})"
+    )
     assert out[1:] == ["server stopped", "engine stopped"]
+
+
+def test_no_uvloop_puts_the_owner_loop_on_asyncio(capsys: pytest.CaptureFixture[str]) -> None:
+    command = _Command()
+    command.signal_in_start = signal.SIGTERM
+    assert command.run(["--no-uvloop"]) == 0
+    assert isinstance(command.built_on, asyncio.BaseEventLoop)  # asyncio's own loop class
+    assert capsys.readouterr().out.splitlines()[0].endswith(", owner loop asyncio)")
+
+
+def test_uvloop_asked_for_but_missing_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop: ImportError
+    command = _Command()
+    assert command.run(["--uvloop"]) == 2
+    assert command.steps[-1] == "bound" and "build" not in command.steps  # no owner loop
+    assert command.sock is not None and command.sock.fileno() == -1  # the socket closed
+    err = capsys.readouterr().err
+    assert err.startswith("error: --uvloop: uvloop was asked for the engine's loop but is not ")
+    assert "pip install uvloop, or choose asyncio's loop" in err
 
 
 def test_a_server_that_stops_by_itself_is_status_1(capsys: pytest.CaptureFixture[str]) -> None:

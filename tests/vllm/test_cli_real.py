@@ -58,7 +58,7 @@ def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
                 break
         assert url is not None, "".join(lines[-30:])
         # The server's switch interval while it serves, said on the same line.
-        assert lines[-1].rstrip().endswith(" (switch interval 1 ms)"), lines[-1]
+        assert lines[-1].rstrip().endswith(" (switch interval 1 ms, owner loop uvloop)"), lines[-1]
         with httpx.Client(base_url=url, timeout=30) as client:
             assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny"]
             body = {"model": "tiny", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True}

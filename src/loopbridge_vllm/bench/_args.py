@@ -30,6 +30,7 @@ __all__ = [
     "BUSY_CHOICES",
     "DEFAULT_GPU_MAX_MODEL_LEN",
     "MODES",
+    "OWNER_LOOPS",
     "longest_request",
     "model_max_len",
     "parse_args",
@@ -46,6 +47,8 @@ BUSY_CHOICES = {
     "both": [(False, False), (True, False)],
     "all": [(False, False), (True, False), (True, True)],
 }
+#: ``--owner-loop``: what ``EngineLoop(use_uvloop=...)`` takes (None: uvloop when installed).
+OWNER_LOOPS: dict[str, bool | None] = {"auto": None, "uvloop": True, "asyncio": False}
 #: ``--max-model-len`` with a real model unless given: enough for the workload, and
 #: small enough that two engines' KV caches hold many sequences on one GPU.
 DEFAULT_GPU_MAX_MODEL_LEN = 4096
@@ -189,6 +192,13 @@ def _busy_options(group: Any) -> None:
     )
     group.add_argument(
         "--refit-pause-ms", type=float, default=50.0, help="pause length (default 50)"
+    )
+    group.add_argument(
+        "--owner-loop",
+        choices=tuple(OWNER_LOOPS),
+        default="auto",
+        help="the engine's owner loop and the busy actor's loop: uvloop, asyncio, or auto "
+        "(default: uvloop when installed, as vllm serve's engine loop and Ray's async actors)",
     )
 
 

@@ -156,6 +156,17 @@ def terminal_report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[st
     return lines
 
 
+def _threaded_setup(meta: dict[str, Any]) -> str:
+    """The threaded modes' owner loop and switch interval, where the run recorded them."""
+    parts = []
+    if meta.get("owner_loop"):
+        parts.append(f"engine owner loop {meta['owner_loop']}")
+    if "switch_interval_ms" in meta:
+        ms = meta["switch_interval_ms"]
+        parts.append(f"switch interval {ms:g} ms while serving")
+    return f" Threaded modes: {', '.join(parts)}." if parts else ""
+
+
 def _intro(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     lengths = meta.get("lengths", "fixed")
     if lengths == "fixed":
@@ -178,7 +189,8 @@ def _intro(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     lines = [
         f"{versions_line(meta)} {shape}; {meta['requests']} requests per mode per round, "
         f"{meta['rounds']} measured rounds, kept-alive connections (one per worker, opened "
-        f"before the clock starts). {cache} Latencies in ms, pooled over rounds, as "
+        f"before the clock starts). {cache}{_threaded_setup(meta)} Latencies in ms, pooled "
+        "over rounds, as "
         "p50 / p99 / max; without streaming, TTFT is the whole response and there is no "
         "TPOT or ITL. TPOT = (e2e - TTFT) / (tokens - 1) per request; ITL = gaps between "
         "streamed events. rate = median requests/s over rounds; CPU = the serving "

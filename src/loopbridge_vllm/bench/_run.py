@@ -27,7 +27,7 @@ from loopbridge_adapters.bench.load import (
 )
 from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed, rounds, versions
 
-from ._args import BUSY_CHOICES, MODES, parse_args, prefix_caching
+from ._args import BUSY_CHOICES, MODES, OWNER_LOOPS, parse_args, prefix_caching
 from ._correctness import Outcome, correctness_markdown, run_correctness, verdict_lines
 from ._devices import Gpu, Placement, detect_gpus, place_engines, startup_order
 from ._report import (
@@ -334,7 +334,13 @@ class _Run:
         threaded = tuple(m for m in self.modes if m != "stock")
         spec = _placed(self.spec, self.placement["threaded"]) if threaded else self.spec
         ms = args.switch_interval_ms
-        self.stack = Stack(spec, threaded, self.probe, None if ms is None else ms / 1e3)
+        self.stack = Stack(
+            spec,
+            threaded,
+            self.probe,
+            None if ms is None else ms / 1e3,
+            OWNER_LOOPS[args.owner_loop],
+        )
         # While the threaded servers serve: theirs, or (off) the interpreter's as it is.
         self.switch_ms = sys.getswitchinterval() * 1e3 if ms is None else ms
         self.load_avg = {"start": list(os.getloadavg())}
@@ -624,6 +630,7 @@ def _meta(r: _Run) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs,
         "load_average": r.load_avg,
         "switch_interval_ms": r.switch_ms,
+        "owner_loop": r.stack.owner_kind,
         "stages": args.stages,
         "python": sys.version.split()[0],
         "platform": platform.platform(),

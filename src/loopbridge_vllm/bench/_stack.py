@@ -1,7 +1,8 @@
 """The serving process under test: one engine owner loop, one HTTP server per mode.
 
 The engine (a real ``AsyncLLM``) is created on a dedicated owner loop thread,
-the way a Ray actor's loop owns it.  Each mode gets its own vLLM OpenAI server
+the way a Ray actor's loop owns it; that loop, and the busy actor's own, is uvloop
+when installed, as Ray makes an async actor's loop (``use_uvloop``).  Each mode gets its own vLLM OpenAI server
 on its own thread, all over the *same* engine, so that the modes differ only in
 how the HTTP thread reaches the engine:
 
@@ -146,12 +147,17 @@ class Stack:
         modes: tuple[str, ...] = THREADED_MODES,
         probe: StageProbe | None = None,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+        use_uvloop: bool | None = None,
     ) -> None:
         self.spec = spec
+        # The owner's and the busy actor's loops (EngineLoop's choice: None is uvloop when
+        # installed, as Ray makes an async actor's loop and vllm serve its engine's).
+        self.use_uvloop = use_uvloop
         self.switch_interval = switch_interval  # every server's (see OpenAIServer)
         self.modes = modes
         self.probe = probe  # marks every request's stages (see _stages); None: no cost
         self.owner: EngineLoop | None = None
+        self.owner_kind: str | None = None  # "uvloop" or "asyncio", once started
         self.actor: EngineLoop | None = None  # the busy actor's own loop (own-loop scenarios)
         self.engine: Any = None
         self.servers: dict[str, Any] = {}
@@ -170,7 +176,8 @@ class Stack:
         # Inherited by the EngineCore the engine spawns (CUDA_VISIBLE_DEVICES):
         # this process itself never initializes CUDA.
         os.environ.update(dict(spec.env))
-        self.owner = EngineLoop("bench-engine-owner").start()
+        self.owner = EngineLoop("bench-engine-owner", use_uvloop=self.use_uvloop).start()
+        self.owner_kind = self.owner.kind
         self.engine = self.owner.build(_make_engine, engine_args(spec, model_dir))
         # vLLM's own server caches this at start-up; doing it on the owner loop
         # means the unsafe server needs no utility call from its thread.
@@ -280,7 +287,7 @@ class Stack:
             from loopbridge_vllm.engine import engine_client_proxy
 
             if self.actor is None:
-                self.actor = EngineLoop("bench-actor").start()
+                self.actor = EngineLoop("bench-actor", use_uvloop=self.use_uvloop).start()
             runner, engine = self.actor, engine_client_proxy(self.engine)
         self._busy = (runner, runner.build(_start_task, _busy(engine, load, self.busy_counters)))
 
