@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import inspect
@@ -13,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +63,34 @@ def unfinished_requests(engine: Any) -> int:
 
 
 async def settled_counts(llm: Any) -> tuple[int, int]:
-    """(front-end unfinished, EngineCore-side active) requests, polled on the
-    owner loop until both reach zero or a deadline passes."""
-    deadline = time.monotonic() + 20
-    while True:
-        front = unfinished_requests(llm)
-        core = (await llm.collective_rpc("standin_active_requests"))[0]
-        if (front == 0 and core == 0) or time.monotonic() > deadline:
-            return front, core
-        await asyncio.sleep(0.05)  # the poll interval
+    """(front-end unfinished, EngineCore-side active) requests, on the owner loop,
+    once the caller has seen every request it made end. Nothing here waits for
+    the counts to fall: each read is ordered after what it must see.
+
+    The front end's count is final at once: vLLM's output processor drops a
+    request in the same synchronous pass that queues its final output, and
+    ``abort`` drops it before it sends the abort to the EngineCore (a call
+    cancelled or a stream closed through loopbridge returns only after that
+    abort ran).
+
+    The worker (the stand-in's count) hears of a finish or an abort only with
+    the scheduler's next step, so a round trip right after an abort still finds
+    the request there. A one-token probe request goes first: it leaves on the
+    same input socket as the aborts, behind them; the EngineCore handles its
+    inputs in that order, and the first step that schedules the probe hands the
+    worker every finish collected before it. Once the probe's output is here the
+    worker holds at most the probe, which is not counted.
+    """
+    from vllm import SamplingParams
+
+    front = unfinished_requests(llm)
+    probe = f"settle-probe-{uuid.uuid4().hex}"
+    async for _ in llm.generate("probe", SamplingParams(max_tokens=1), probe):
+        pass
+    [held] = await llm.collective_rpc("standin_active_request_ids")
+    # The worker sees the internal id: the request id, or it with a suffix.
+    core = [rid for rid in held if rid != probe and not rid.startswith(f"{probe}-")]
+    return front, len(core)
 
 
 def start_engine(model: Path, name: str, **overrides: Any) -> tuple[LoopThread, Any]:
