@@ -1,7 +1,9 @@
-"""Engine start-up helpers shared by the vLLM tests (no fixtures here)."""
+"""Engine start-up helpers shared by the vLLM tests (no fixtures here), and the
+stream reader and wait of the Ray tests that stream over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import inspect
@@ -13,6 +15,8 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,57 @@ CACHE = REPO / ".cache"
 # taken over 180 s, so the guards sit just under the lanes' 600 s per test.
 RAY_START_GUARD_S = 500
 RAY_CALL_GUARD_S = 300
+
+
+@dataclass
+class Stream:
+    """What one streamed completion gave: its tokens, how it ended, the ids of
+    its responses; ``first`` is set at its first token (or its end)."""
+
+    ids: list[int] = field(default_factory=list)
+    finish: str | None = None
+    error: BaseException | None = None
+    request_ids: set[str] = field(default_factory=set)
+    first: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def read_stream(start: Awaitable[Any], out: Stream) -> None:
+    """Read the chunks of a streamed ``openai`` completion or chat completion
+    (``start``: its ``create(..., stream=True)``) into ``out``; an API error,
+    at the start or mid-stream, ends up in ``out.error``."""
+    import openai
+
+    try:
+        stream = await start
+        async for chunk in stream:
+            out.request_ids.add(chunk.id)
+            for choice in chunk.choices:
+                out.ids += (choice.model_extra or {}).get("token_ids") or []
+                out.finish = choice.finish_reason or out.finish
+            if out.ids:
+                out.first.set()
+    except openai.APIError as exc:
+        out.error = exc
+    finally:
+        out.first.set()
+        out.done.set()
+
+
+async def until(
+    check: Callable[[], Awaitable[bool]], what: str, timeout: float = RAY_CALL_GUARD_S
+) -> None:
+    """Ask ``check`` again until it holds; ``TimeoutError(what)`` after ``timeout``.
+
+    A poll, kept for what no event announces: how many requests a Ray actor's
+    engine holds (requests sent during a pause reach it with no reply to the
+    client, vLLM signals nothing when one is added, and an actor pushes nothing
+    to its caller). The bound is a hang guard."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        await asyncio.sleep(0.01)  # the poll interval, not a wait for the condition
 
 
 def _async_llm() -> Any:
