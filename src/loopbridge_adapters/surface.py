@@ -71,12 +71,17 @@ class UnclassifiedMemberError(LoopAffinityError):
 
     def __init__(self, members: Iterable[Member], table: str = "the adapter's RULES") -> None:
         self.members = tuple(members)
+        self.table = table
         listed = ", ".join(f"{m.name} ({m.kind}, from {m.origin})" for m in self.members)
         super().__init__(
             f"these engine members are not classified for cross-thread use: {listed}. "
             f"Add a rule to {table} saying whether each is stable data, a health read, "
             "thread-safe, or owner-loop state."
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's would call the class with the message, not the members.
+        return type(self), (self.members, self.table), self.__dict__
 
 
 def member_kind(raw: Any) -> str:

@@ -301,6 +301,10 @@ class _StandInWorker(WorkerCalls):
         """Requests the scheduler has sent and not yet reported finished."""
         return len(self._requests)
 
+    def standin_active_request_ids(self) -> list[str]:
+        """The ids of those requests (vLLM's internal ones), sorted."""
+        return sorted(self._requests)
+
     def standin_sleep_state(self) -> tuple[int | None, int]:
         """(sleep level or None when awake, forwards attempted while asleep)."""
         return self.asleep, self.steps_while_asleep

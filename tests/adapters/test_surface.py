@@ -8,6 +8,7 @@ installed engine in tests/vllm (test_engine_surface.py) and tests/sglang
 from __future__ import annotations
 
 import functools
+import pickle
 from typing import Any, ClassVar, Protocol
 
 import pytest
@@ -126,6 +127,16 @@ def test_declarations_fail_closed_naming_each_unclassified_member() -> None:
         _TABLE.declarations(collect((_Engine,), instance=_Engine()))
     assert info.value.members == (Member("queue", "data", "instance"),)
     assert "queue (data, from instance)" in str(info.value)
+
+
+def test_the_unclassified_member_error_survives_pickling() -> None:
+    with pytest.raises(UnclassifiedMemberError) as info:
+        _TABLE.declarations(collect((_Engine,), instance=_Engine()))
+    back = pickle.loads(pickle.dumps(info.value))
+    assert type(back) is UnclassifiedMemberError
+    assert back.args == info.value.args and str(back) == str(info.value)
+    assert back.members == (Member("queue", "data", "instance"),)
+    assert back.table == "the test's RULES"
 
 
 def test_declarations_split_stable_data_from_members_any_thread_may_call() -> None:

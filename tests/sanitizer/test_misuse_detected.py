@@ -4,7 +4,9 @@ occurrence, before the operation runs, with both sides of the misuse named."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import pickle
 import threading
 import warnings
 from collections.abc import Callable
@@ -80,6 +82,28 @@ def test_task_cancel_from_foreign_thread(owner: LoopInThread) -> None:
         assert not task.cancelled() and not task.done()
         assert err.report.bind is not None and err.report.bind.thread == "owner-loop"
         owner.loop.call_soon_threadsafe(task.cancel)
+
+
+def test_the_error_survives_pickling_with_its_report(owner: LoopInThread) -> None:
+    """A site's code object crosses as a stand-in with the same file and function
+    name: the message and every other field of the report are unchanged."""
+    with sanitize("raise") as block:
+        ev: asyncio.Event = owner.call(asyncio.Event)
+        waiting = owner.submit(ev.wait())
+        owner.call(lambda: None)
+        err = _expect_flag(block, lambda: ev.set(), "asyncio.Event.set")
+        owner.loop.call_soon_threadsafe(ev.set)
+        assert waiting.result(5) is True
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is SanitizerError and back.args == err.args
+    assert str(back) == str(err) == back.report.message()
+    sites = {"call_stack", "bind"}
+    fields = [f.name for f in dataclasses.fields(err.report) if f.name not in sites]
+    assert [getattr(back.report, f) for f in fields] == [getattr(err.report, f) for f in fields]
+    assert [str(s) for s in back.report.call_stack] == [str(s) for s in err.report.call_stack]
+    assert err.report.bind is not None and str(back.report.bind) == str(err.report.bind)
+    assert back.report.call_site.code is not None
+    assert back.report.call_site.code.co_filename == HERE
 
 
 def test_queue_put_nowait_from_foreign_thread(owner: LoopInThread) -> None:

@@ -25,6 +25,8 @@ from loopbridge_vllm import OpenAIServer
 #: Release-sensitive: runs on every tested vLLM release's lane.
 pytestmark = pytest.mark.every_release
 
+ABORT_GUARD_S = 60
+
 
 class AbortLog:
     def __init__(self, llm: Any) -> None:
@@ -32,6 +34,8 @@ class AbortLog:
         self.calls: collections.Counter[str] = collections.Counter()
         self.loops: set[asyncio.AbstractEventLoop] = set()
         self.threads: set[str] = set()
+        self.finished = 0  # aborts that returned (vLLM sent them to the EngineCore)
+        self._changed = threading.Condition()
         original = type(llm).abort
 
         async def abort(request_id: Any, internal: bool = False) -> None:
@@ -40,9 +44,23 @@ class AbortLog:
                 self.calls[rid] += 1
             self.loops.add(asyncio.get_running_loop())
             self.threads.add(threading.current_thread().name)
-            await original(llm, request_id, internal=internal)
+            try:
+                await original(llm, request_id, internal=internal)
+            finally:
+                with self._changed:
+                    self.finished += 1
+                    self._changed.notify_all()
 
         llm.abort = abort  # generate() calls self.abort(...)
+
+    def wait_finished(self, n: int) -> int:
+        """Wait until ``n`` aborts returned; the number that did.
+
+        The bound is a hang guard: a server aborts a request when it notices that
+        the client left, after the client's side is done."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.finished >= n, ABORT_GUARD_S)
+            return self.finished
 
     def remove(self) -> None:
         del self.llm.abort
@@ -101,6 +119,7 @@ def test_http_disconnect_storm_aborts_each_request_once(
     left = asyncio.run(_leave_after_first_chunk(shared_server.url, 24, chat=False))
     left += asyncio.run(_leave_after_first_chunk(shared_server.url, 24, chat=True))
     assert left == 48
+    assert log.wait_finished(48) == 48
     front, core = owner.run(settled_counts, llm)
     assert (front, core) == (0, 0)
     # Every request was cut short (300 tokens at 20 ms a step take 6 s), so each
@@ -133,6 +152,8 @@ def test_cancelled_caller_on_another_loop_aborts_once(
         assert all(isinstance(r, asyncio.CancelledError) for r in results)
 
     asyncio.run(main())
+    # No wait: a cancelled caller resumes only after the owner's abort ran.
+    assert log.finished == 8
     assert owner.run(settled_counts, llm) == (0, 0)
     assert len(log.calls) == 8 and set(log.calls.values()) == {1}
     assert log.loops == {owner.loop}
@@ -148,6 +169,7 @@ def test_thread_that_stops_iterating_aborts_once(
     with blocking(engine_proxy).generate("hello", params, "thread-stop") as stream:
         first = next(stream)
     assert not first.finished
+    assert log.finished == 1  # closing the stream waited for the owner's abort
     assert owner.run(settled_counts, llm) == (0, 0)
     assert sum(log.calls.values()) == 1 and log.loops == {owner.loop}
 

@@ -149,6 +149,25 @@ def test_a_recomputed_request_carries_on_where_it_was() -> None:
     assert worker.sample_tokens(None).sampled_token_ids == [[worker.model.token(3)]]
 
 
+def test_the_standin_worker_holds_a_request_until_a_step_reports_it_finished() -> None:
+    from loopbridge_vllm._standin import _StandInWorker
+
+    worker = _StandInWorker(types.SimpleNamespace())  # type: ignore[arg-type]
+    new = [
+        types.SimpleNamespace(
+            req_id=rid, prompt_token_ids=[1], prefill_token_ids=[1], num_computed_tokens=0
+        )
+        for rid in ("b", "a")
+    ]
+    worker.execute_model(_step(new, {"b": 1, "a": 1}))
+    assert worker.standin_active_request_ids() == ["a", "b"]
+    assert worker.standin_active_requests() == 2
+    finished = _step([], {})
+    finished.finished_req_ids = {"b"}
+    worker.execute_model(finished)
+    assert worker.standin_active_request_ids() == ["a"]
+
+
 def test_the_model_runner_output_has_the_installed_releases_fields() -> None:
     from vllm.v1.outputs import ModelRunnerOutput
 

@@ -63,6 +63,8 @@ def test_two_thousand_mixed_requests_with_disconnects(
     assert result.attempted == N
     assert result.disconnected > N // 20  # the disconnects really happened
     assert result.ok == N - result.disconnected
+    # server.stop() joined the server's thread: every handler has ended, and a
+    # cancelled one only once its abort ran on the owner loop.
     front, core, tasks_after = owner.run(_settled, llm)
     assert (front, core) == (0, 0)
     assert tasks_after == tasks_before

@@ -1,4 +1,5 @@
-"""Engine start-up helpers shared by the vLLM tests (no fixtures here)."""
+"""Engine start-up helpers shared by the vLLM tests (no fixtures here), and the
+stream reader and wait of the Ray tests that stream over HTTP."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,57 @@ CACHE = REPO / ".cache"
 # taken over 180 s, so the guards sit just under the lanes' 600 s per test.
 RAY_START_GUARD_S = 500
 RAY_CALL_GUARD_S = 300
+
+
+@dataclass
+class Stream:
+    """What one streamed completion gave: its tokens, how it ended, the ids of
+    its responses; ``first`` is set at its first token (or its end)."""
+
+    ids: list[int] = field(default_factory=list)
+    finish: str | None = None
+    error: BaseException | None = None
+    request_ids: set[str] = field(default_factory=set)
+    first: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def read_stream(start: Awaitable[Any], out: Stream) -> None:
+    """Read the chunks of a streamed ``openai`` completion or chat completion
+    (``start``: its ``create(..., stream=True)``) into ``out``; an API error,
+    at the start or mid-stream, ends up in ``out.error``."""
+    import openai
+
+    try:
+        stream = await start
+        async for chunk in stream:
+            out.request_ids.add(chunk.id)
+            for choice in chunk.choices:
+                out.ids += (choice.model_extra or {}).get("token_ids") or []
+                out.finish = choice.finish_reason or out.finish
+            if out.ids:
+                out.first.set()
+    except openai.APIError as exc:
+        out.error = exc
+    finally:
+        out.first.set()
+        out.done.set()
+
+
+async def until(
+    check: Callable[[], Awaitable[bool]], what: str, timeout: float = RAY_CALL_GUARD_S
+) -> None:
+    """Ask ``check`` again until it holds; ``TimeoutError(what)`` after ``timeout``.
+
+    A poll, kept for what no event announces: how many requests a Ray actor's
+    engine holds (requests sent during a pause reach it with no reply to the
+    client, vLLM signals nothing when one is added, and an actor pushes nothing
+    to its caller). The bound is a hang guard."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        await asyncio.sleep(0.01)  # the poll interval, not a wait for the condition
 
 
 def _async_llm() -> Any:
@@ -63,15 +118,34 @@ def unfinished_requests(engine: Any) -> int:
 
 
 async def settled_counts(llm: Any) -> tuple[int, int]:
-    """(front-end unfinished, EngineCore-side active) requests, polled on the
-    owner loop until both reach zero or a deadline passes."""
-    deadline = time.monotonic() + 20
-    while True:
-        front = unfinished_requests(llm)
-        core = (await llm.collective_rpc("standin_active_requests"))[0]
-        if (front == 0 and core == 0) or time.monotonic() > deadline:
-            return front, core
-        await asyncio.sleep(0.05)  # the poll interval
+    """(front-end unfinished, EngineCore-side active) requests, on the owner loop,
+    once the caller has seen every request it made end. Nothing here waits for
+    the counts to fall: each read is ordered after what it must see.
+
+    The front end's count is final at once: vLLM's output processor drops a
+    request in the same synchronous pass that queues its final output, and
+    ``abort`` drops it before it sends the abort to the EngineCore (a call
+    cancelled or a stream closed through loopbridge returns only after that
+    abort ran).
+
+    The worker (the stand-in's count) hears of a finish or an abort only with
+    the scheduler's next step, so a round trip right after an abort still finds
+    the request there. A one-token probe request goes first: it leaves on the
+    same input socket as the aborts, behind them; the EngineCore handles its
+    inputs in that order, and the first step that schedules the probe hands the
+    worker every finish collected before it. Once the probe's output is here the
+    worker holds at most the probe, which is not counted.
+    """
+    from vllm import SamplingParams
+
+    front = unfinished_requests(llm)
+    probe = f"settle-probe-{uuid.uuid4().hex}"
+    async for _ in llm.generate("probe", SamplingParams(max_tokens=1), probe):
+        pass
+    [held] = await llm.collective_rpc("standin_active_request_ids")
+    # The worker sees the internal id: the request id, or it with a suffix.
+    core = [rid for rid in held if rid != probe and not rid.startswith(f"{probe}-")]
+    return front, len(core)
 
 
 def start_engine(model: Path, name: str, **overrides: Any) -> tuple[LoopThread, Any]:

@@ -11,7 +11,7 @@ import logging
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ._sites import Site
 
@@ -28,11 +28,16 @@ class SanitizerError(RuntimeError):
 
     Raised under the ``raise`` policy, in the offending thread, *before* the
     operation runs, so the object is left untouched. ``report`` has the details.
+    It pickles with its report (see :class:`Site` for the code objects).
     """
 
     def __init__(self, report: SanitizerReport) -> None:
         super().__init__(report.message())
         self.report = report
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's would call the class with the message, not the report.
+        return type(self), (self.report,), self.__dict__
 
 
 class SanitizerWarning(RuntimeWarning):

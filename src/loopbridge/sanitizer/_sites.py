@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 from types import CodeType, FrameType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 _ASYNCIO_DIR = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -60,11 +60,25 @@ def _kind(code: CodeType) -> int:
 
 class Site(NamedTuple):
     """A code location and the thread that ran it (``code`` is ``None`` when
-    no frame outside asyncio and loopbridge was found)."""
+    no frame outside asyncio and loopbridge was found).
+
+    Code objects do not pickle: a pickled site's ``code`` comes back as a
+    stand-in with the same file name, name and (Python 3.11+) qualified name,
+    which is all a report reads; it has no body to run, and compares unequal
+    to the original.
+    """
 
     code: CodeType | None
     lineno: int
     thread: str
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        code = self.code
+        if code is None:
+            return Site, tuple(self)
+        qualname = getattr(code, "co_qualname", code.co_name)
+        named = (code.co_filename, code.co_name, qualname)
+        return _unpickle_site, (named, self.lineno, self.thread)
 
     def where(self) -> str:
         if self.code is None:
@@ -73,6 +87,14 @@ class Site(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.where()} [thread {self.thread!r}]"
+
+
+def _unpickle_site(named: tuple[str, str, str], lineno: int, thread: str) -> Site:
+    filename, name, qualname = named
+    code = compile("", filename, "exec").replace(co_name=name)
+    if sys.version_info >= (3, 11):
+        code = code.replace(co_qualname=qualname)
+    return Site(code, lineno, thread)
 
 
 def _first_outside(frame: FrameType | None) -> tuple[FrameType | None, FrameType | None]:
