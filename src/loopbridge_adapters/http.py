@@ -23,6 +23,8 @@ import socket
 from collections.abc import Callable, Generator
 from typing import Any
 
+from .engine_loop import engine_loop_factory
+
 __all__ = [
     "ExitReason",
     "adopt_listener",
@@ -84,15 +86,10 @@ def adopt_listener(sock: socket.socket) -> socket.socket:
 
 
 def loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop when asked for and installed (as the engines' own servers run), else asyncio."""
-    if use_uvloop:
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.new_event_loop
-    return asyncio.new_event_loop
+    """uvloop when asked for and installed (as the engines' own servers run), else asyncio:
+    :func:`~loopbridge_adapters.engine_loop.engine_loop_factory`'s choice, where
+    ``True`` prefers uvloop and never fails."""
+    return engine_loop_factory(None if use_uvloop else False)
 
 
 def thread_server_class() -> type[Any]:
