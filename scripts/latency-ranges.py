@@ -4,7 +4,8 @@
 
 For each scenario, over the runs (each run's ratios taken within that run): the p99s of
 TTFT and e2e per mode (smallest to largest), loopbridge's ratios to stock and to
-per-hop, and its throughput and CPU per request against stock. Then, with
+per-hop, and its throughput and CPU per request against stock; one such table for each
+of loopbridge's modes the runs have (``loopbridge``, ``on-engine-loop``). Then, with
 ``--stages on`` runs, where the slowest first tokens lose their time, pooled over
 the runs (the report's tail table). Markdown on stdout.
 """
@@ -20,7 +21,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-OURS = "loopbridge"
+OURS = ("loopbridge", "on-engine-loop")
 _DASH = "\u2013"  # a range, as the docs write it
 
 
@@ -41,17 +42,17 @@ def _rows(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, An
     return out
 
 
-def ranges_table(runs: list[dict[str, Any]]) -> list[str]:
+def ranges_table(runs: list[dict[str, Any]], mode: str) -> list[str]:
     rows = _rows(runs)
     lines = [
-        "| scenario | TTFT p99 ms: stock / per-hop / loopbridge | ÷ stock | ÷ per-hop "
-        "| e2e p99 ms: stock / per-hop / loopbridge | ÷ stock | ÷ per-hop | req/s ÷ stock "
+        f"| scenario | TTFT p99 ms: stock / per-hop / {mode} | ÷ stock | ÷ per-hop "
+        f"| e2e p99 ms: stock / per-hop / {mode} | ÷ stock | ÷ per-hop | req/s ÷ stock "
         "| CPU/req ÷ stock | client CPU |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    scenarios = dict.fromkeys(sc for sc, mode in rows if mode == OURS)
+    scenarios = dict.fromkeys(sc for sc, m in rows if m == mode)
     for sc in scenarios:
-        ours, stock, hop = rows[(sc, OURS)], rows[(sc, "stock")], rows.get((sc, "per-hop"))
+        ours, stock, hop = rows[(sc, mode)], rows[(sc, "stock")], rows.get((sc, "per-hop"))
         cells = [sc]
         for stat in ("ttft_p99", "e2e_p99"):
             per_mode = [stock, *([hop] if hop else []), ours]
@@ -89,7 +90,10 @@ def main() -> None:
     loads = [run["meta"].get("load_average", {}).get("start", [None])[0] for run in runs]
     print(f"{len(runs)} runs; 1-minute load average at each start: {loads}")
     print()
-    print("\n".join(ranges_table(runs)))
+    present = {r["mode"] for run in runs for r in run["rows"]}
+    for mode in (m for m in OURS if m in present):
+        print("\n".join(ranges_table(runs, mode)))
+        print()
     print("\n".join(tail_table(runs)))
 
 

@@ -2,7 +2,9 @@
 
 :class:`ThreadedServer` serves an ASGI app with uvicorn on a dedicated thread with a
 fresh event loop (:class:`loopbridge.LoopThread`), on a socket bound before that
-thread starts. Each adapter's server subclasses it and adds only what is its
+thread starts; or, with ``on_owner_loop``, on the engine's owner loop itself (the
+stock servers' topology: no request crosses a thread; for an engine that has a loop
+of its own, :class:`loopbridge_adapters.engine_loop.EngineLoop`). Each adapter's server subclasses it and adds only what is its
 engine's: building the app and its uvicorn config (:meth:`ThreadedServer._build`),
 the engine's health (:meth:`ThreadedServer._engine_exit`), what to do when the
 owner loop dies (:meth:`ThreadedServer._owner_stopped`) and anything that lives as
@@ -41,6 +43,13 @@ Invariants:
 * **The socket is closed on every path** that ends the server: a stop (before start
   too), a failed or timed-out start, a start the adapter refuses (:meth:`_claim`). A
   start refused on the owner loop keeps it: ``astart()`` may follow.
+* **On the owner loop** (``on_owner_loop=True``) the lifecycle is the same, with the
+  owner's loop and thread for the server's: :attr:`~ThreadedServer.thread` is the
+  owner's thread once serving, a stop waits for serving to end (not for a thread)
+  and leaves the owner loop running, and the watchdog checks only the engine (it
+  runs on the owner loop, so it cannot see that loop stop). A start needs that loop
+  running (:class:`ServerStartError` otherwise); a stop after it closed only closes
+  the socket.
 
 Built on the core's public API only; imports no engine and no adapter.
 """
@@ -117,8 +126,11 @@ class ThreadedServer(abc.ABC):
         name: str,
         use_uvloop: bool,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+        on_owner_loop: bool = False,
     ) -> None:
         self._switch_interval = check_switch_interval(switch_interval)
+        #: Serve on the engine's owner loop instead of a thread of its own.
+        self.on_owner_loop = on_owner_loop
         self._sock = self._listen(host, port) if sock is None else adopt_listener(sock)
         bound = self._sock.getsockname()
         if self._sock.family == socket.AF_UNIX:
@@ -135,6 +147,10 @@ class ThreadedServer(abc.ABC):
         self._server: Any = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
+        # Serving has ended (set on the serving loop, whichever it is).
+        self._finished = threading.Event()
+        self._launched = False
+        self._serving_thread: threading.Thread | None = None  # on the owner loop
         self._stopped = False
         self._lock = threading.Lock()
         # The same loop thread as an owner loop's: start, clean-up sweep, close.
@@ -208,18 +224,43 @@ class ThreadedServer(abc.ABC):
         except BaseException:
             self._sock.close()
             raise
-        loop_thread = self._loop_thread
-        loop_thread.start()
-        self.loop = loop_thread.loop
+        if self.on_owner_loop:
+            self.loop = self._running_owner()
+        else:
+            self._loop_thread.start()
+            self.loop = self._loop_thread.loop
+        self._launched = True
         asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self.loop)
         return self._ready.wait(timeout)
+
+    def _running_owner(self) -> asyncio.AbstractEventLoop:
+        """The owner loop to serve on; the socket is closed if there is none."""
+        owner = self._owner()
+        why = (
+            "the engine's owner loop is not known (the engine is not loop-affine)"
+            if owner is None
+            else "the engine's owner loop is closed"
+            if owner.is_closed()
+            else "the engine's owner loop is not running"
+            if not owner.is_running()
+            else None
+        )
+        if why is None:
+            assert owner is not None
+            return owner
+        self._sock.close()
+        raise self._start_error(
+            f"cannot serve on the engine's owner loop: {why}; start the engine on a "
+            "running loop of its own (EngineLoop), or serve from a thread of its own "
+            "(on_owner_loop=False)"
+        )
 
     def _started(self: _S, ready: bool, timeout: float) -> _S:
         if not ready:
             self._abort_start()
             raise self._start_error(f"server did not start within {timeout} s")
         if self._error is not None or not self.running:
-            self.thread.join(self.grace + 5.0)
+            self.wait_stopped(self.grace + 5.0)
             self._sock.close()
             raise self._start_error(
                 f"server thread failed to start: {self._error}"
@@ -234,8 +275,21 @@ class ThreadedServer(abc.ABC):
             # when it resumes, not only when that wait ends.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(lambda: None)
-        self.thread.join(self.grace + 5.0)
+        self.wait_stopped(self.grace + 5.0)
         self._sock.close()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Wait until serving has ended, by a stop or by itself (the watchdog), and on a
+        thread of its own until that thread has ended too; True if it has (also before
+        a start)."""
+        if not self._launched:
+            return True
+        if self.on_owner_loop:
+            owner = self.loop
+            # A closed owner loop dropped (or cancelled) the serving task: nothing to wait for.
+            return self._finished.wait(timeout) or (owner is not None and owner.is_closed())
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
 
     def _on_owner_loop(self) -> bool:
         try:
@@ -248,7 +302,9 @@ class ThreadedServer(abc.ABC):
     def running(self) -> bool:
         """True while the server thread serves requests."""
         return (
-            self.thread.is_alive()
+            self._launched
+            and not self._finished.is_set()
+            and self.thread.is_alive()
             and self._server is not None
             and bool(self._server.started)
             and not self._server.should_exit
@@ -256,7 +312,10 @@ class ThreadedServer(abc.ABC):
 
     @property
     def thread(self) -> threading.Thread:
-        """The server's thread (a thread that never runs, before :meth:`start`)."""
+        """The server's thread (a thread that never runs, before :meth:`start`); on the
+        owner loop, the owner's thread once serving has begun."""
+        if self.on_owner_loop:
+            return self._serving_thread or self._not_started
         return self._loop_thread.thread or self._not_started
 
     def stop(self, timeout: float | None = None) -> None:
@@ -271,25 +330,33 @@ class ThreadedServer(abc.ABC):
 
     def _stop_thread(self, timeout: float | None) -> bool:
         """:meth:`stop`'s work; False if the server never started."""
-        thread = self.thread
-        if threading.current_thread() is thread:
-            raise RuntimeError("stop() called from the server's own thread")
-        if thread is self._not_started:
+        if not self._launched:
             self._signal_exit()
             self._sock.close()
             return False
-        if thread.is_alive() and self._on_owner_loop():
+        if not self._finished.is_set() and self._on_owner_loop():
             raise LoopAffinityError(self._stop_on_owner)
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("stop() called from the server's own thread")
         self._signal_exit()
-        thread.join(self.grace + 5.0 if timeout is None else timeout)
-        if thread.is_alive():
+        if not self.wait_stopped(self.grace + 5.0 if timeout is None else timeout):
             if self._server is not None:
                 self._server.force_exit = True
-            thread.join(5.0)
+            self._wake_loop()
+            finished = self.wait_stopped(5.0)
+        else:
+            finished = True
         self._sock.close()
-        if thread.is_alive():
-            raise TimeoutError(f"server thread {thread.name} did not stop")
+        if not finished:
+            where = "on the engine's owner loop" if self.on_owner_loop else "thread"
+            raise TimeoutError(f"server {where} {self.thread.name} did not stop")
         return True
+
+    def _wake_loop(self) -> None:
+        loop = self.loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(lambda: None)
 
     async def aclose(self, timeout: float | None = None) -> None:
         """:meth:`stop` for async callers (the owner loop stays free meanwhile)."""
@@ -310,17 +377,23 @@ class ThreadedServer(abc.ABC):
 
     async def _serve_until_exit(self) -> None:
         # Serving ends the loop thread: the loop stops, and LoopThread sweeps the
-        # remaining tasks and closes it.
+        # remaining tasks and closes it. The owner loop keeps running.
+        self._serving_thread = threading.current_thread()
         try:
             await self._main()
+        except asyncio.CancelledError as exc:  # the owner loop's clean-up sweep
+            self._error = exc
+            self._logger.warning("%s at %s cancelled with its loop", self._kind, self.url)
         except BaseException as exc:  # reported through start() or the log
             self._error = exc
             if self._ready.is_set():
                 self._logger.exception("%s thread failed", self._kind)
         finally:
             self._release()
+            self._finished.set()
             self._ready.set()
-            asyncio.get_running_loop().stop()
+            if not self.on_owner_loop:
+                asyncio.get_running_loop().stop()
 
     async def _main(self) -> None:
         server = await self._build()
@@ -340,7 +413,8 @@ class ThreadedServer(abc.ABC):
                     await watchdog
 
     async def _watchdog(self, server: Any) -> None:
-        owner = self._owner()
+        # On the owner loop the watchdog cannot see that loop stop: it runs there.
+        owner = None if self.on_owner_loop else self._owner()
         stopped_ticks = 0
         while True:
             await asyncio.sleep(self._watchdog_interval)

@@ -258,7 +258,7 @@ class OpenAIServer(ThreadedServer):
         engine: _Shutdownable | None = None,
         watchdog_interval: float = 1.0,
         name: str = "loopbridge-openai-server",
-        use_uvloop: bool = True,
+        use_uvloop: bool | None = None,
         metrics: bool = True,
         max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
         sock: socket.socket | None = None,
@@ -268,7 +268,14 @@ class OpenAIServer(ThreadedServer):
         paused_admission: str | PausePolicy = PausePolicy.ENGINE,
         paused_hold_s: float = 60.0,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+        on_engine_loop: bool = False,
     ) -> None:
+        if on_engine_loop and use_uvloop is not None:
+            raise ValueError(
+                f"use_uvloop={use_uvloop!r} picks the loop of the server's own thread; with "
+                "on_engine_loop=True the server runs on the engine's loop, whichever kind it "
+                "is: leave use_uvloop out"
+            )
         self.client = client
         self._paused_admission = pause_policy(paused_admission)
         if paused_hold_s <= 0:
@@ -301,8 +308,9 @@ class OpenAIServer(ThreadedServer):
             grace=grace,
             watchdog_interval=watchdog_interval,
             name=name,
-            use_uvloop=use_uvloop,
+            use_uvloop=use_uvloop is not False,
             switch_interval=switch_interval,
+            on_owner_loop=on_engine_loop,
         )
 
     def _release(self) -> None:
@@ -485,7 +493,7 @@ def start_openai_server(
     shutdown_engine: bool = False,
     log_level: str = "warning",
     start_timeout: float = 120.0,
-    use_uvloop: bool = True,
+    use_uvloop: bool | None = None,
     metrics: bool = True,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     sock: socket.socket | None = None,
@@ -495,6 +503,7 @@ def start_openai_server(
     paused_admission: str | PausePolicy = PausePolicy.ENGINE,
     paused_hold_s: float = 60.0,
     switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+    on_engine_loop: bool = False,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
@@ -510,7 +519,9 @@ def start_openai_server(
     the engine down after the server has stopped. The server's loop is uvloop
     when it is installed, as with ``vllm serve``; ``use_uvloop=False`` runs it
     on asyncio's own loop. ``sock`` serves an already bound, listening TCP
-    socket instead of binding ``host:port``.
+    socket instead of binding ``host:port``. ``on_engine_loop=True`` serves on the
+    engine's owner loop, ``vllm serve``'s topology, for an engine on a loop that
+    runs nothing else (``EngineLoop``; see docs/vllm.md); ``use_uvloop`` is refused.
 
     With ``metrics=True`` (and ``prometheus_client`` installed, as it is with
     vLLM), loopbridge's series are exported on the app's ``/metrics`` next to
@@ -563,7 +574,7 @@ async def astart_openai_server(
     shutdown_engine: bool = False,
     log_level: str = "warning",
     start_timeout: float = 120.0,
-    use_uvloop: bool = True,
+    use_uvloop: bool | None = None,
     metrics: bool = True,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     sock: socket.socket | None = None,
@@ -573,6 +584,7 @@ async def astart_openai_server(
     paused_admission: str | PausePolicy = PausePolicy.ENGINE,
     paused_hold_s: float = 60.0,
     switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+    on_engine_loop: bool = False,
     **proxy_options: Any,
 ) -> OpenAIServer:
     """:func:`start_openai_server` for async code, including the engine's owner loop.

@@ -2,7 +2,8 @@
 
 A tiny ASGI app and an owner loop on a LoopThread stand in for an engine; both real
 servers (vLLM's and SGLang's) run the same lifecycle in their own suites. It needs
-uvicorn, which the recipes group installs in every core lane.
+uvicorn, which the recipes group installs in every core lane. The lifecycle tests
+run twice: on a thread of the server's own, and on the owner loop (``on_owner_loop``).
 
 Every wait is on an event the code under test sets, except the start timeout, which
 is the thing under test.
@@ -42,9 +43,11 @@ class _App:
         self.release = threading.Event()
         self.cancelled = threading.Event()
         self.order: list[str] = []
+        self.threads: set[threading.Thread] = set()  # where requests ran
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
+        self.threads.add(threading.current_thread())
         if scope["path"] == "/forever":
             self.entered.set()
             try:
@@ -71,8 +74,9 @@ class _Server(ThreadedServer):
         *,
         grace: float = BOUND_S,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+        on_owner_loop: bool = False,
     ) -> None:
-        self.owner_loop = owner.loop
+        self.owner_loop: asyncio.AbstractEventLoop | None = owner.loop
         self.app = app
         self.engine_dead: ExitReason | None = None
         self.owner_gate = threading.Event()
@@ -86,16 +90,18 @@ class _Server(ThreadedServer):
             name="test-threaded-server",
             use_uvloop=False,
             switch_interval=switch_interval,
+            on_owner_loop=on_owner_loop,
         )
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
-    def _owner(self) -> asyncio.AbstractEventLoop:
+    def _owner(self) -> asyncio.AbstractEventLoop | None:
         return self.owner_loop
 
     async def _build(self) -> Any:
         import uvicorn
 
         gate = self.owner_gate
+        assert self.owner_loop is not None
         # The owner's round trip; the owner blocks in it until the gate opens.
         await asyncio.wrap_future(
             asyncio.run_coroutine_threadsafe(_blocking_wait(gate), self.owner_loop)
@@ -130,13 +136,20 @@ def owner() -> Iterator[LoopThread]:
     thread.stop()
 
 
+@pytest.fixture(params=[False, True], ids=["own-thread", "on-owner-loop"])
+def on_owner_loop(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
 def _closed(sock: Any) -> bool:
     return bool(sock.fileno() == -1)
 
 
-def test_stop_drains_a_request_in_flight_then_closes(owner: LoopThread) -> None:
+def test_stop_drains_a_request_in_flight_then_closes(
+    owner: LoopThread, on_owner_loop: bool
+) -> None:
     app = _App()
-    server = _Server(owner, app).start()
+    server = _Server(owner, app, on_owner_loop=on_owner_loop).start()
     assert server.running
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         reply = pool.submit(httpx.get, f"{server.url}/slow", timeout=BOUND_S)
@@ -154,16 +167,19 @@ def test_stop_drains_a_request_in_flight_then_closes(owner: LoopThread) -> None:
         assert reply.result(BOUND_S).text == "ok"
         stopping.result(BOUND_S)
     assert app.order == ["response sent", "stopped"]
-    assert not server.thread.is_alive() and not server.running
+    assert server.wait_stopped(0) and not server.running
     assert _closed(server._sock)
     assert server.exit_reason is None
+    # Where it served: the owner's thread, whose loop goes on; or a thread of its own.
+    assert (app.threads == {owner.thread}) is on_owner_loop
+    assert owner.running and owner.loop.is_running()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/", timeout=BOUND_S)
 
 
-def test_stop_cancels_what_outlives_the_grace(owner: LoopThread) -> None:
+def test_stop_cancels_what_outlives_the_grace(owner: LoopThread, on_owner_loop: bool) -> None:
     app = _App()
-    server = _Server(owner, app, grace=0.1).start()
+    server = _Server(owner, app, grace=0.1, on_owner_loop=on_owner_loop).start()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         reply = pool.submit(httpx.get, f"{server.url}/forever", timeout=BOUND_S)
         assert app.entered.wait(BOUND_S)
@@ -171,7 +187,7 @@ def test_stop_cancels_what_outlives_the_grace(owner: LoopThread) -> None:
         assert app.cancelled.is_set()
         # Cancelled before it answered: uvicorn says 500 and closes.
         assert reply.result(BOUND_S).status_code == 500
-    assert not server.thread.is_alive() and _closed(server._sock)
+    assert server.wait_stopped(0) and _closed(server._sock)
 
 
 def test_stop_before_start_closes_the_socket(owner: LoopThread) -> None:
@@ -188,7 +204,7 @@ def test_stop_before_start_closes_the_socket(owner: LoopThread) -> None:
 
 def test_start_timeout_stops_the_thread_and_closes_the_socket(owner: LoopThread) -> None:
     server = _Server(owner, _App())
-    server.owner_gate.clear()  # the owner does not answer
+    server.owner_gate.clear()  # the owner does not answer (on the owner loop: is blocked)
 
     def answer_once_refused() -> None:
         # The owner answers only after the start gave up: nothing must be served.
@@ -205,16 +221,19 @@ def test_start_timeout_stops_the_thread_and_closes_the_socket(owner: LoopThread)
     assert server._server is None  # never served
 
 
-def test_failed_start_reports_the_error_and_closes_the_socket(owner: LoopThread) -> None:
+def test_failed_start_reports_the_error_and_closes_the_socket(
+    owner: LoopThread, on_owner_loop: bool
+) -> None:
     class Broken(_Server):
         async def _build(self) -> Any:
             raise ValueError("no app today")
 
-    server = Broken(owner, _App())
+    server = Broken(owner, _App(), on_owner_loop=on_owner_loop)
     with pytest.raises(_StartError, match="failed to start: no app today") as info:
         server.start()
     assert isinstance(info.value.__cause__, ValueError)
-    assert not server.thread.is_alive() and _closed(server._sock)
+    assert server.wait_stopped(0) and _closed(server._sock)
+    assert owner.loop.is_running()
 
 
 def test_watchdog_stops_the_server_when_the_owner_loop_closes(owner: LoopThread) -> None:
@@ -229,18 +248,21 @@ def test_watchdog_stops_the_server_when_the_owner_loop_closes(owner: LoopThread)
     assert _closed(server._sock)
 
 
-def test_watchdog_stops_the_server_when_the_engine_dies(owner: LoopThread) -> None:
-    server = _Server(owner, _App()).start()
+def test_watchdog_stops_the_server_when_the_engine_dies(
+    owner: LoopThread, on_owner_loop: bool
+) -> None:
+    server = _Server(owner, _App(), on_owner_loop=on_owner_loop).start()
     server.engine_dead = ExitReason.ENGINE_DIED
-    server.thread.join(BOUND_S)
-    assert not server.thread.is_alive()
+    assert server.wait_stopped(BOUND_S) and not server.running
     assert server.exit_reason is ExitReason.ENGINE_DIED
     assert server.owner_stopped_seen == []  # the owner is fine
     server.stop()
 
 
-def test_start_and_stop_on_the_owner_loop_point_to_the_async_forms(owner: LoopThread) -> None:
-    server = _Server(owner, _App())
+def test_start_and_stop_on_the_owner_loop_point_to_the_async_forms(
+    owner: LoopThread, on_owner_loop: bool
+) -> None:
+    server = _Server(owner, _App(), on_owner_loop=on_owner_loop)
 
     async def on_owner() -> list[str]:
         seen = []
@@ -258,10 +280,11 @@ def test_start_and_stop_on_the_owner_loop_point_to_the_async_forms(owner: LoopTh
 
     seen = asyncio.run_coroutine_threadsafe(on_owner(), owner.loop).result(BOUND_S)
     assert len(seen) == 2
-    assert not server.thread.is_alive() and _closed(server._sock)
+    assert server.wait_stopped(0) and _closed(server._sock)
 
 
 def test_stop_from_the_server_thread_is_refused(owner: LoopThread) -> None:
+    """(On the owner loop, that thread's stop is the owner loop's: refused above.)"""
     server = _Server(owner, _App()).start()
     assert server.loop is not None
 
@@ -308,3 +331,43 @@ def test_the_switch_interval_holds_while_serving_and_comes_back(owner: LoopThrea
 def test_a_bad_switch_interval_is_refused_before_anything_starts(owner: LoopThread) -> None:
     with pytest.raises(ValueError, match="switch_interval must be a positive number"):
         _Server(owner, _App(), switch_interval=0.0)
+
+
+# -- on the owner loop ----------------------------------------------------------------
+def test_on_the_owner_loop_a_start_needs_that_loop_running(owner: LoopThread) -> None:
+    """No owner loop, a stopped one, a closed one: refused before serving, naming the
+    fix, with the socket closed."""
+    unknown = _Server(owner, _App(), on_owner_loop=True)
+    unknown.owner_loop = None
+    with pytest.raises(_StartError, match=r"owner loop is not known.*EngineLoop") as info:
+        unknown.start()
+    assert "on_owner_loop=False" in str(info.value)
+    assert _closed(unknown._sock) and not unknown.running
+    stopped = _Server(owner, _App(), on_owner_loop=True)
+    stopped.owner_loop = asyncio.new_event_loop()  # never run
+    try:
+        with pytest.raises(_StartError, match="owner loop is not running"):
+            stopped.start()
+        stopped.owner_loop.close()
+        closed = _Server(owner, _App(), on_owner_loop=True)
+        closed.owner_loop = stopped.owner_loop
+        with pytest.raises(_StartError, match="owner loop is closed"):
+            closed.start()
+    finally:
+        stopped.owner_loop.close()
+    assert _closed(stopped._sock) and _closed(closed._sock)
+    stopped.stop()  # nothing was served: only the (closed) socket
+
+
+def test_on_the_owner_loop_serving_ends_with_that_loop(owner: LoopThread) -> None:
+    """The owner loop stops and closes while serving (its clean-up sweep cancels the
+    server): serving has ended, and a stop afterwards only closes the socket."""
+    app = _App()
+    server = _Server(owner, app, on_owner_loop=True).start()
+    assert httpx.get(f"{server.url}/", timeout=BOUND_S).text == "ok"
+    assert server.thread is owner.thread and app.threads == {owner.thread}
+    owner.stop()
+    assert server.wait_stopped(BOUND_S) and not server.running
+    assert server.owner_stopped_seen == []  # the watchdog ran there: it could not see it
+    server.stop()
+    assert _closed(server._sock)

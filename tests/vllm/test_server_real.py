@@ -75,13 +75,14 @@ def test_no_signal_handlers_and_bounded_stop(engine_proxy: Any) -> None:
 
 
 @pytest.mark.every_release
+@pytest.mark.parametrize("on_engine_loop", [False, True], ids=["own-thread", "on-engine-loop"])
 def test_stop_drains_a_running_stream_then_cancels_it(
-    shared_engine: tuple[LoopThread, Any], engine_proxy: Any
+    shared_engine: tuple[LoopThread, Any], engine_proxy: Any, on_engine_loop: bool
 ) -> None:
     owner, llm = shared_engine
     slow = engine_proxy.collective_rpc("standin_set_step_s", args=(0.05,))
     asyncio.run(_await(slow))
-    server = start_openai_server(engine_proxy, grace=1.0)
+    server = start_openai_server(engine_proxy, grace=1.0, on_engine_loop=on_engine_loop)
     try:
 
         async def long_stream() -> int:
@@ -108,9 +109,9 @@ def test_stop_drains_a_running_stream_then_cancels_it(
         seen = asyncio.run(long_stream())
         assert 2 <= seen < 400  # cut short by the bounded drain
     finally:
-        server.thread.join(15)
+        server.wait_stopped(15)
         asyncio.run(_await(engine_proxy.collective_rpc("standin_set_step_s", args=(0.0,))))
-    assert not server.thread.is_alive()
+    assert server.wait_stopped(0) and owner.running
     # The cancelled request was aborted in the engine.
     assert owner.run(_drained, llm) == 0
 

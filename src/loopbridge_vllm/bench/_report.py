@@ -27,6 +27,8 @@ from loopbridge_adapters.bench.summary import ms as _ms
 from loopbridge_adapters.bench.summary import three as _three
 from loopbridge_adapters.bench.summary import times as _x
 
+from ._stack import OURS
+
 __all__ = [
     "headlines",
     "markdown",
@@ -44,6 +46,7 @@ MODE_COLORS = {
     "unsafe": "#7f7f7f",
     "per-hop": "#d62728",
     "loopbridge": "#1f77b4",
+    "on-engine-loop": "#2ca02c",
 }
 #: What the threaded modes are compared with: ``vllm serve`` itself, then the unsafe original.
 BASELINES = ("stock", "unsafe", "per-hop")
@@ -76,7 +79,7 @@ def headlines(rows: list[dict[str, Any]]) -> list[str]:
     """One line per scenario: loopbridge against stock (or the first baseline present)."""
     out = []
     for r in rows:
-        if r["mode"] != "loopbridge":
+        if r["mode"] not in OURS:
             continue
         base = next((b for b in BASELINES if f"rate_vs_{b.replace('-', '')}" in r), None)
         if base is None:
@@ -96,7 +99,7 @@ def headlines(rows: list[dict[str, Any]]) -> list[str]:
             if r["stream"] or stat not in ("ttft_p50", "ttft_p99", "tpot_p50", "itl_p99")
         ]
         out.append(
-            f"{r['scenario']}: loopbridge vs {base}: {', '.join(parts)}; {r['errors']} errors"
+            f"{r['scenario']}: {r['mode']} vs {base}: {', '.join(parts)}; {r['errors']} errors"
         )
     return out
 
@@ -233,12 +236,16 @@ def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     out: list[dict[str, Any]] = []
     for r in rows:
-        if r["mode"] != "loopbridge":
+        if r["mode"] not in OURS:
             continue
+        checks = check_targets(r, _PERHOP_TARGETS)
         if not r["busy"]:
-            out += check_targets(r, (*STOCK_TARGETS, *_UNSAFE_TARGETS))
-        out += check_targets(r, _PERHOP_TARGETS)
-        out.append(errors_check(r))
+            checks[:0] = check_targets(r, (*STOCK_TARGETS, *_UNSAFE_TARGETS))
+        checks.append(errors_check(r))
+        if r["mode"] != "loopbridge":  # the other topology: named beside its scenario
+            for check in checks:
+                check["scenario"] = f"{r['scenario']} ({r['mode']})"
+        out += checks
     return out
 
 

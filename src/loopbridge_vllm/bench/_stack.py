@@ -13,7 +13,10 @@ how the HTTP thread reaches the engine:
   interleave frames on one ZMQ socket, and libzmq aborts the whole process
   (``Assertion failed: !_current_out``);
 * ``per-hop``: :class:`~loopbridge_vllm.bench._perhop.PerHopClient`;
-* ``loopbridge``: :func:`loopbridge_vllm.engine_client_proxy`.
+* ``loopbridge``: :func:`loopbridge_vllm.engine_client_proxy`;
+* ``on-engine-loop``: the same proxy with the server on the engine's owner loop
+  (``on_engine_loop=True``): no thread of its own, ``vllm serve``'s topology in
+  this process, for an engine on a loop of its own.
 
 The optional *busy actor* load: CPU work in slices (what an output backlog or
 unrelated actor methods look like to the loop) and a refit-like
@@ -41,6 +44,7 @@ from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from ._stages import StageProbe, TimedClient
 
 __all__ = [
+    "OURS",
     "THREADED_MODES",
     "BusyLoad",
     "EngineSpec",
@@ -52,7 +56,9 @@ __all__ = [
 ]
 
 #: The modes served by a thread of this process (``stock`` is a process of its own).
-THREADED_MODES = ("unsafe", "per-hop", "loopbridge")
+THREADED_MODES = ("unsafe", "per-hop", "loopbridge", "on-engine-loop")
+#: The modes that are loopbridge's own (what the report compares with the baselines).
+OURS = ("loopbridge", "on-engine-loop")
 SERVED_NAME = "bench"
 
 
@@ -201,14 +207,18 @@ class Stack:
         assert self.owner is not None
         if mode not in THREADED_MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {THREADED_MODES}")
-        if mode == "loopbridge" and self.probe is None:
+        on_engine_loop = mode == "on-engine-loop"
+        if mode in OURS and self.probe is None:
             return start_openai_server(
-                self.engine, start_timeout=120, switch_interval=self.switch_interval
+                self.engine,
+                start_timeout=120,
+                switch_interval=self.switch_interval,
+                on_engine_loop=on_engine_loop,
             )
         client: Any = self.engine  # unsafe: the raw engine
         if mode == "per-hop":
             client = PerHopClient(self.engine, self.owner.loop)
-        elif mode == "loopbridge":
+        elif mode in OURS:
             client = engine_client_proxy(self.engine)
         middleware = []
         if self.probe is not None:
@@ -220,6 +230,7 @@ class Stack:
             name=f"bench-http-{mode}",
             middleware=middleware,
             switch_interval=self.switch_interval,
+            on_engine_loop=on_engine_loop,
         )
         return server.start(120)
 
