@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -27,7 +27,7 @@ BOUND_S = 60.0
 class _Where:
     """ASGI middleware: records the thread every HTTP request ran on."""
 
-    threads: set[threading.Thread] = set()
+    threads: ClassVar[set[threading.Thread]] = set()
 
     def __init__(self, app: Any) -> None:
         self.app = app
