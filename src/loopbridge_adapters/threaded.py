@@ -124,10 +124,16 @@ class ThreadedServer(abc.ABC):
         grace: float,
         watchdog_interval: float,
         name: str,
-        use_uvloop: bool,
+        use_uvloop: bool | None = None,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
         on_owner_loop: bool = False,
     ) -> None:
+        if on_owner_loop and use_uvloop is not None:
+            raise ValueError(
+                f"use_uvloop={use_uvloop!r} picks the loop of the server's own thread; a "
+                "server on the engine's loop runs on that loop, whichever kind it is: leave "
+                "use_uvloop out"
+            )
         self._switch_interval = check_switch_interval(switch_interval)
         #: Serve on the engine's owner loop instead of a thread of its own.
         self.on_owner_loop = on_owner_loop
@@ -154,7 +160,7 @@ class ThreadedServer(abc.ABC):
         self._stopped = False
         self._lock = threading.Lock()
         # The same loop thread as an owner loop's: start, clean-up sweep, close.
-        self._loop_thread = LoopThread(name, loop_factory=loop_factory(use_uvloop))
+        self._loop_thread = LoopThread(name, loop_factory=loop_factory(use_uvloop is not False))
         # What `thread` is before start(): a thread that never runs.
         self._not_started = threading.Thread(name=f"{name} (not started)")
 
@@ -252,7 +258,7 @@ class ThreadedServer(abc.ABC):
         raise self._start_error(
             f"cannot serve on the engine's owner loop: {why}; start the engine on a "
             "running loop of its own (EngineLoop), or serve from a thread of its own "
-            "(on_owner_loop=False)"
+            "(the default)"
         )
 
     def _started(self: _S, ready: bool, timeout: float) -> _S:

@@ -148,7 +148,7 @@ class SGLangServer(ThreadedServer):
         log_level: str = "warning",
         watchdog_interval: float = 1.0,
         name: str = "loopbridge-sglang-server",
-        use_uvloop: bool = True,
+        use_uvloop: bool | None = None,
         sock: socket.socket | None = None,
         template_manager: Any = None,
         scheduler_info: dict[str, Any] | None = None,
@@ -157,6 +157,7 @@ class SGLangServer(ThreadedServer):
         api_key: str | None = None,
         admin_api_key: str | None = None,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+        on_engine_loop: bool = False,
     ) -> None:
         if not is_tokenizer_manager_proxy(manager):
             manager = tokenizer_manager_proxy(manager)
@@ -186,6 +187,7 @@ class SGLangServer(ThreadedServer):
             name=name,
             use_uvloop=use_uvloop,
             switch_interval=switch_interval,
+            on_owner_loop=on_engine_loop,
         )
 
     # -- the engine's part of the server thread -----------------------------------------
@@ -281,7 +283,7 @@ def start_sglang_server(
     grace: float = 5.0,
     log_level: str = "warning",
     start_timeout: float = 60.0,
-    use_uvloop: bool = True,
+    use_uvloop: bool | None = None,
     sock: socket.socket | None = None,
     template_manager: Any = None,
     scheduler_info: dict[str, Any] | None = None,
@@ -290,6 +292,7 @@ def start_sglang_server(
     api_key: str | None = None,
     admin_api_key: str | None = None,
     switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
+    on_engine_loop: bool = False,
 ) -> SGLangServer:
     """Serve SGLang's HTTP app for ``manager`` from a new thread; return when ready.
 
@@ -303,6 +306,9 @@ def start_sglang_server(
     SGLang's own API-key middleware checks them, as its launcher installs it.
     ``switch_interval``: the interpreter's switch interval while serving (default
     1 ms; None leaves it alone), as :mod:`loopbridge_adapters.switch_interval` says.
+    ``on_engine_loop=True`` serves on the manager's owner loop instead of a thread of
+    its own (SGLang's own topology), for a manager on a loop that runs nothing else;
+    ``use_uvloop`` (default: uvloop when installed) is refused with it.
     """
     return SGLangServer(
         manager,
@@ -319,4 +325,5 @@ def start_sglang_server(
         api_key=api_key,
         admin_api_key=admin_api_key,
         switch_interval=switch_interval,
+        on_engine_loop=on_engine_loop,
     ).start(start_timeout)

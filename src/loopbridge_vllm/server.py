@@ -270,12 +270,6 @@ class OpenAIServer(ThreadedServer):
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
         on_engine_loop: bool = False,
     ) -> None:
-        if on_engine_loop and use_uvloop is not None:
-            raise ValueError(
-                f"use_uvloop={use_uvloop!r} picks the loop of the server's own thread; with "
-                "on_engine_loop=True the server runs on the engine's loop, whichever kind it "
-                "is: leave use_uvloop out"
-            )
         self.client = client
         self._paused_admission = pause_policy(paused_admission)
         if paused_hold_s <= 0:
@@ -308,7 +302,7 @@ class OpenAIServer(ThreadedServer):
             grace=grace,
             watchdog_interval=watchdog_interval,
             name=name,
-            use_uvloop=use_uvloop is not False,
+            use_uvloop=use_uvloop,
             switch_interval=switch_interval,
             on_owner_loop=on_engine_loop,
         )

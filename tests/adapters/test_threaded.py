@@ -88,7 +88,7 @@ class _Server(ThreadedServer):
             grace=grace,
             watchdog_interval=0.01,
             name="test-threaded-server",
-            use_uvloop=False,
+            use_uvloop=None if on_owner_loop else False,
             switch_interval=switch_interval,
             on_owner_loop=on_owner_loop,
         )
@@ -341,7 +341,7 @@ def test_on_the_owner_loop_a_start_needs_that_loop_running(owner: LoopThread) ->
     unknown.owner_loop = None
     with pytest.raises(_StartError, match=r"owner loop is not known.*EngineLoop") as info:
         unknown.start()
-    assert "on_owner_loop=False" in str(info.value)
+    assert "from a thread of its own (the default)" in str(info.value)
     assert _closed(unknown._sock) and not unknown.running
     stopped = _Server(owner, _App(), on_owner_loop=True)
     stopped.owner_loop = asyncio.new_event_loop()  # never run
@@ -371,3 +371,18 @@ def test_on_the_owner_loop_serving_ends_with_that_loop(owner: LoopThread) -> Non
     assert server.owner_stopped_seen == []  # the watchdog ran there: it could not see it
     server.stop()
     assert _closed(server._sock)
+
+
+def test_on_the_owner_loop_a_choice_of_loop_is_refused(owner: LoopThread) -> None:
+    """``use_uvloop`` picks the server thread's loop: with none, it cannot be honoured."""
+    for choice in (True, False):
+        with pytest.raises(ValueError, match="leave use_uvloop out"):
+            ThreadedServer.__init__(
+                object.__new__(_Server),
+                host="127.0.0.1",
+                grace=1.0,
+                watchdog_interval=1.0,
+                name="refused",
+                use_uvloop=choice,
+                on_owner_loop=True,
+            )

@@ -30,15 +30,18 @@ def _generate(url: str, rid: str, tokens: int = 4) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.parametrize("on_engine_loop", [False, True], ids=["own-thread", "on-engine-loop"])
 def test_serves_generate_and_health_then_stops_in_order(
-    sgl: Manager, owner: LoopThread, crashes: Crashes
+    sgl: Manager, owner: LoopThread, crashes: Crashes, on_engine_loop: bool
 ) -> None:
     p = tokenizer_manager_proxy(sgl.manager, loop=owner.loop)
-    server = start_sglang_server(p)
+    server = start_sglang_server(p, on_engine_loop=on_engine_loop)
     try:
         assert server.running
-        # uvloop is installed with SGLang: the server's loop is uvloop's, as SGLang's own.
-        assert type(server._loop_thread.loop).__module__.startswith("uvloop")
+        if on_engine_loop:  # the manager's own loop and thread serve
+            assert server.loop is owner.loop and server.thread is owner.thread
+        else:  # uvloop is installed with SGLang: the server's loop is uvloop's, as SGLang's
+            assert type(server._loop_thread.loop).__module__.startswith("uvloop")
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
         out = _generate(server.url, "http-1")
         assert out["output_ids"] == [100, 101, 102, 103]
@@ -63,7 +66,8 @@ def test_serves_generate_and_health_then_stops_in_order(
         assert asyncio.run(many()) == [200] * 32
     finally:
         server.stop()
-    assert not server.running and not server.thread.is_alive()
+    assert not server.running and server.wait_stopped(0)
+    assert owner.loop.is_running()  # a server on the manager's loop leaves it running
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health", timeout=5)
     assert crashes.errors == []
