@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The latency benchmark on a GPU machine: loopbridge, per-hop and unsafe against stock
-# `vllm serve`, on a real model and vLLM's own GPU executor, with the correctness phase
-# first. No model hub is needed: the model is a local directory.
+# The latency benchmark on a GPU machine: loopbridge (threaded and on the engine's loop),
+# per-hop and unsafe against stock `vllm serve`, on a real model and vLLM's own GPU
+# executor, with the correctness phase first. No model hub is needed: the model is a local
+# directory.
 #
 #   bash scripts/gpu-bench.sh [--setup] [--vllm X.Y.Z] [--model DIR] [--out DIR]
 #                             [--dry-run] [-- BENCH ARGS...]

@@ -409,7 +409,7 @@ def test_gpu_bench_dry_run(tmp_path: Path) -> None:
     keys = [s["key"] for s in plan["scenarios"]]
     assert keys[:4] == ["stream-c1", "stream-c8", "nostream-c1", "nostream-c8"]
     assert "stream-chat-c8" in keys and "nostream-chat-r0.9" in keys
-    assert plan["modes"] == ["stock", "unsafe", "per-hop", "loopbridge"]
+    assert plan["modes"] == ["stock", "unsafe", "per-hop", "loopbridge", "on-engine-loop"]
     assert plan["out"] == str(caller / "gpu")
     assert not (caller / "gpu").exists()  # nothing ran
 
@@ -480,7 +480,7 @@ def test_requests_per_job_and_stock_flags() -> None:
 
     args = parse_args([])
     assert args.concurrency == [1, 16, 64] and args.stream == "both"
-    assert args.modes == ["stock", "unsafe", "per-hop", "loopbridge"]
+    assert args.modes == ["stock", "unsafe", "per-hop", "loopbridge", "on-engine-loop"]
     assert [requests_for(args, c, False) for c in (1, 16, 64)] == [16, 128, 128]
     assert [requests_for(args, c, True) for c in (1, 16, 64)] == [4, 32, 64]
     fixed = parse_args(["--requests", "40", "--no-stream"])
