@@ -2,9 +2,10 @@
 
 The engine (a real ``AsyncLLM``) is created on a dedicated owner loop thread,
 the way a Ray actor's loop owns it; that loop, and the busy actor's own, is uvloop
-when installed, as Ray makes an async actor's loop (``use_uvloop``).  Each mode gets its own vLLM OpenAI server
-on its own thread, all over the *same* engine, so that the modes differ only in
-how the HTTP thread reaches the engine:
+when installed, as Ray makes an async actor's loop (``use_uvloop``).  Each mode
+gets its own vLLM OpenAI server, on its own thread but for ``on-engine-loop``, all
+over the *same* engine, so that the modes differ only in how the HTTP server
+reaches the engine:
 
 * ``unsafe``: the raw ``AsyncLLM`` (no race hook installed), with the one
   guard the downstream deployment had before its fix: a lock around the engine
