@@ -4,11 +4,12 @@
 fresh event loop (:class:`loopbridge.LoopThread`), on a socket bound before that
 thread starts; or, with ``on_owner_loop``, on the engine's owner loop itself (the
 stock servers' topology: no request crosses a thread; for an engine that has a loop
-of its own, :class:`loopbridge_adapters.engine_loop.EngineLoop`). Each adapter's server subclasses it and adds only what is its
-engine's: building the app and its uvicorn config (:meth:`ThreadedServer._build`),
-the engine's health (:meth:`ThreadedServer._engine_exit`), what to do when the
-owner loop dies (:meth:`ThreadedServer._owner_stopped`) and anything that lives as
-long as the serving does (:meth:`ThreadedServer._serving`).
+of its own, :class:`loopbridge_adapters.engine_loop.EngineLoop`). Each adapter's
+server subclasses it and adds only what is its engine's: building the app and its
+uvicorn config (:meth:`ThreadedServer._build`), the engine's health
+(:meth:`ThreadedServer._engine_exit`), what to do when the owner loop dies
+(:meth:`ThreadedServer._owner_stopped`) and anything that lives as long as the
+serving does (:meth:`ThreadedServer._serving`).
 
 Invariants:
 
@@ -340,10 +341,11 @@ class ThreadedServer(abc.ABC):
             self._signal_exit()
             self._sock.close()
             return False
-        if not self._finished.is_set() and self._on_owner_loop():
-            raise LoopAffinityError(self._stop_on_owner)
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("stop() called from the server's own thread")
+        if not self._finished.is_set():  # once serving has ended, any thread may stop
+            if self._on_owner_loop():
+                raise LoopAffinityError(self._stop_on_owner)
+            if threading.current_thread() is self.thread:
+                raise RuntimeError("stop() called from the server's own thread")
         self._signal_exit()
         if not self.wait_stopped(self.grace + 5.0 if timeout is None else timeout):
             if self._server is not None:

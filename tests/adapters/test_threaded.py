@@ -256,7 +256,12 @@ def test_watchdog_stops_the_server_when_the_engine_dies(
     assert server.wait_stopped(BOUND_S) and not server.running
     assert server.exit_reason is ExitReason.ENGINE_DIED
     assert server.owner_stopped_seen == []  # the owner is fine
-    server.stop()
+
+    async def stop_on_owner() -> None:
+        server.stop()  # serving has ended: nothing to wait for, even on this loop
+
+    asyncio.run_coroutine_threadsafe(stop_on_owner(), owner.loop).result(BOUND_S)
+    assert _closed(server._sock)
 
 
 def test_start_and_stop_on_the_owner_loop_point_to_the_async_forms(
