@@ -89,7 +89,7 @@ def test_real_cpu_engine_bench(tmp_path: Path) -> None:
     assert "--distributed-executor-backend" not in meta["stock_command"]
     assert meta["stock_vllm_version"] == "0.32.0"
     rows = {(r["scenario"], r["mode"]): r for r in result["rows"]}
-    modes = ("stock", "unsafe", "per-hop", "loopbridge")
+    modes = ("stock", "unsafe", "per-hop", "loopbridge", "on-engine-loop")
     assert set(rows) == {(s, m) for s in ("stream-c2", "nostream-c2") for m in modes}
     for (_, mode), row in rows.items():
         if mode != "unsafe":
