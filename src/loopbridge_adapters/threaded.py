@@ -156,7 +156,6 @@ class ThreadedServer(abc.ABC):
         self._ready = threading.Event()
         # Serving has ended (set on the serving loop, whichever it is).
         self._finished = threading.Event()
-        self._launched = False
         self._serving_thread: threading.Thread | None = None  # on the owner loop
         self._stopped = False
         self._lock = threading.Lock()
@@ -236,24 +235,19 @@ class ThreadedServer(abc.ABC):
         else:
             self._loop_thread.start()
             self.loop = self._loop_thread.loop
-        self._launched = True
         asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self.loop)
         return self._ready.wait(timeout)
 
     def _running_owner(self) -> asyncio.AbstractEventLoop:
         """The owner loop to serve on; the socket is closed if there is none."""
         owner = self._owner()
-        why = (
-            "the engine's owner loop is not known (the engine is not loop-affine)"
-            if owner is None
-            else "the engine's owner loop is closed"
-            if owner.is_closed()
-            else "the engine's owner loop is not running"
-            if not owner.is_running()
-            else None
-        )
-        if why is None:
-            assert owner is not None
+        if owner is None:
+            why = "the engine's owner loop is not known (the engine is not loop-affine)"
+        elif owner.is_closed():
+            why = "the engine's owner loop is closed"
+        elif not owner.is_running():
+            why = "the engine's owner loop is not running"
+        else:
             return owner
         self._sock.close()
         raise self._start_error(
@@ -276,12 +270,10 @@ class ThreadedServer(abc.ABC):
 
     def _abort_start(self) -> None:
         self._signal_exit()
-        loop = self.loop
-        if loop is not None and self.thread.is_alive():
+        if self.thread.is_alive():
             # Wake the loop: a start-up still waiting for the owner sees the flag
             # when it resumes, not only when that wait ends.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(lambda: None)
+            self._wake_loop()
         self.wait_stopped(self.grace + 5.0)
         self._sock.close()
 
@@ -289,12 +281,12 @@ class ThreadedServer(abc.ABC):
         """Wait until serving has ended, by a stop or by itself (the watchdog), and on a
         thread of its own until that thread has ended too; True if it has (also before
         a start)."""
-        if not self._launched:
+        owner = self.loop
+        if owner is None:  # never launched
             return True
         if self.on_owner_loop:
-            owner = self.loop
             # A closed owner loop dropped (or cancelled) the serving task: nothing to wait for.
-            return self._finished.wait(timeout) or (owner is not None and owner.is_closed())
+            return self._finished.wait(timeout) or owner.is_closed()
         self.thread.join(timeout)
         return not self.thread.is_alive()
 
@@ -309,8 +301,7 @@ class ThreadedServer(abc.ABC):
     def running(self) -> bool:
         """True while the server thread serves requests."""
         return (
-            self._launched
-            and not self._finished.is_set()
+            not self._finished.is_set()
             and self.thread.is_alive()
             and self._server is not None
             and bool(self._server.started)
@@ -337,7 +328,7 @@ class ThreadedServer(abc.ABC):
 
     def _stop_thread(self, timeout: float | None) -> bool:
         """:meth:`stop`'s work; False if the server never started."""
-        if not self._launched:
+        if self.loop is None:  # never launched
             self._signal_exit()
             self._sock.close()
             return False
@@ -347,13 +338,12 @@ class ThreadedServer(abc.ABC):
             if threading.current_thread() is self.thread:
                 raise RuntimeError("stop() called from the server's own thread")
         self._signal_exit()
-        if not self.wait_stopped(self.grace + 5.0 if timeout is None else timeout):
+        finished = self.wait_stopped(self.grace + 5.0 if timeout is None else timeout)
+        if not finished:
             if self._server is not None:
                 self._server.force_exit = True
             self._wake_loop()
             finished = self.wait_stopped(5.0)
-        else:
-            finished = True
         self._sock.close()
         if not finished:
             where = "on the engine's owner loop" if self.on_owner_loop else "thread"
