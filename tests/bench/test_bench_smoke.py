@@ -139,6 +139,8 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
         "1",
         "--busy-period-ms",
         "5",
+        "--busy-work",
+        "native",
         # The busy load starts with each job: a refit within its first millisecond.
         "--refit-every-s",
         "0.001",
@@ -233,6 +235,7 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     assert ("stream-c2 (on-engine-loop)", "TTFT p99 ≤ 1.05x stock") in checks
     assert meta["busy_counters"]["slices"] > 0
     assert meta["busy_counters"]["refits"] > 0
+    assert meta["busy_load"]["work"] == "native"
     partial = (out / "latency.partial.jsonl").read_text().splitlines()
     assert len(partial) == len(modes) * len(scenarios)  # one line per finished job, as it ends
     version = f"vLLM {meta['versions']['vllm']}, torch {meta['versions']['torch']}"
@@ -240,6 +243,7 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     assert "| stream-c2-busy | loopbridge |" in table and "| nostream-c2 | stock |" in table
     assert "| stream-chat-r0.5 | loopbridge |" in table and "ITL" in table
     assert "| stream-c2-busy | on-engine-loop |" in table
+    assert "blocks its loop (native: hashing in C with the GIL released" in table
     assert len(result["headlines"]) == len(ours) * len(scenarios)
     for line in result["headlines"]:
         assert line.startswith(tuple(scenarios)) and line in proc.stdout

@@ -11,10 +11,12 @@ each cancel lands exactly inside the call it is meant to interrupt.
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 
 import pytest
 
-from loopbridge_vllm.bench._stack import BusyLoad, _busy
+from loopbridge_vllm.bench._stack import _SLICES, BusyLoad, _busy
 
 #: A refit as soon as the load starts, and no time paused beyond the calls.
 _REFIT_AT_ONCE = BusyLoad(refit_every_s=1e-6, refit_pause_s=0.0)
@@ -69,3 +71,46 @@ def test_a_load_stopped_inside_a_refit_call_ends_with_the_engine_resumed(
         return engine.calls
 
     assert asyncio.run(main()) == calls
+
+
+def _ran_during_slice(work: str) -> bool:
+    """Whether another Python thread ran while one slice of ``work`` blocked this one.
+
+    The switch interval is set far beyond the slice, so a holder of the GIL is never
+    made to drop it: the other thread, released just before the slice, can run only
+    if the slice itself lets go of the GIL.
+    """
+    ran = threading.Event()
+    gate = threading.Lock()
+    gate.acquire()
+
+    def other() -> None:
+        with gate:
+            ran.set()
+
+    thread = threading.Thread(target=other)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        thread.start()
+        gate.release()  # the thread now waits for the GIL only
+        _SLICES[work](0.05)
+        during = ran.is_set()
+    finally:
+        sys.setswitchinterval(old)
+        thread.join()
+    return during
+
+
+@pytest.mark.parametrize(
+    ("work", "releases"), [("python", False), ("native", True), ("wait", True)]
+)
+def test_a_slice_holds_the_gil_only_for_pure_python(work: str, releases: bool) -> None:
+    """``--busy-work``: ``python`` keeps every other thread out for its whole slice;
+    ``native`` and ``wait`` block only their own loop."""
+    assert _ran_during_slice(work) is releases
+
+
+def test_an_unknown_busy_work_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="use one of python, native, wait"):
+        BusyLoad(slice_s=0.004, period_s=0.01, work="torch")

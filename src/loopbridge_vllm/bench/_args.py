@@ -24,7 +24,7 @@ from loopbridge_adapters.bench.load import ID_TOKENS, LENGTH_SHAPES, OPENAI_ENDP
 from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S, parse_switch_interval_ms
 
 from ._devices import parse_fake_gpus
-from ._stack import THREADED_MODES
+from ._stack import BUSY_WORK, THREADED_MODES
 
 __all__ = [
     "BUSY_CHOICES",
@@ -179,7 +179,18 @@ def _busy_options(group: Any) -> None:
         "(off and on), all (off, on and own-loop); default off",
     )
     group.add_argument(
-        "--busy-slice-ms", type=float, default=4.0, help="CPU slice on the actor loop (default 4)"
+        "--busy-slice-ms",
+        type=float,
+        default=4.0,
+        help="how long each slice blocks the actor loop (default 4)",
+    )
+    group.add_argument(
+        "--busy-work",
+        choices=tuple(BUSY_WORK),
+        default="python",
+        help="what a slice runs: "
+        + "; ".join(f"{k}: {v}" for k, v in BUSY_WORK.items())
+        + " (default python)",
     )
     group.add_argument(
         "--busy-period-ms", type=float, default=10.0, help="one slice per period (default 10)"

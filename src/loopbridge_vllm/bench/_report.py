@@ -27,7 +27,7 @@ from loopbridge_adapters.bench.summary import ms as _ms
 from loopbridge_adapters.bench.summary import three as _three
 from loopbridge_adapters.bench.summary import times as _x
 
-from ._stack import OURS
+from ._stack import BUSY_WORK, OURS
 
 __all__ = [
     "headlines",
@@ -170,6 +170,24 @@ def _threaded_setup(meta: dict[str, Any]) -> str:
     return f" Threaded modes: {', '.join(parts)}." if parts else ""
 
 
+def _busy_setup(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The busy actor's load, where the run has busy scenarios."""
+    load = meta.get("busy_load")
+    if not load or not any(r["busy"] for r in rows):
+        return ""
+    work = load.get("work", "python")
+    text = (
+        f" Busy actor: a {load['slice_s'] * 1e3:g} ms slice every {load['period_s'] * 1e3:g} ms "
+        f"blocks its loop ({work}: {BUSY_WORK.get(work, '?')})"
+    )
+    if load["refit_every_s"] > 0:
+        text += (
+            f", and generation pauses for {load['refit_pause_s'] * 1e3:g} ms every "
+            f"{load['refit_every_s']:g} s (a refit)"
+        )
+    return text + "."
+
+
 def _intro(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     lengths = meta.get("lengths", "fixed")
     if lengths == "fixed":
@@ -192,7 +210,7 @@ def _intro(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     lines = [
         f"{versions_line(meta)} {shape}; {meta['requests']} requests per mode per round, "
         f"{meta['rounds']} measured rounds, kept-alive connections (one per worker, opened "
-        f"before the clock starts). {cache}{_threaded_setup(meta)} Latencies in ms, pooled "
+        f"before the clock starts). {cache}{_threaded_setup(meta)}{_busy_setup(rows, meta)} Latencies in ms, pooled "
         "over rounds, as "
         "p50 / p99 / max; without streaming, TTFT is the whole response and there is no "
         "TPOT or ITL. TPOT = (e2e - TTFT) / (tokens - 1) per request; ITL = gaps between "

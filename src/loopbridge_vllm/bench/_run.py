@@ -297,6 +297,7 @@ class _Run:
         self.load = BusyLoad(
             slice_s=args.busy_slice_ms / 1e3,
             period_s=args.busy_period_ms / 1e3,
+            work=args.busy_work,
             refit_every_s=args.refit_every_s,
             refit_pause_s=args.refit_pause_ms / 1e3,
         )

@@ -19,8 +19,10 @@ reaches the engine:
   (``on_engine_loop=True``): no thread of its own, ``vllm serve``'s topology in
   this process, for an engine on a loop of its own.
 
-The optional *busy actor* load: CPU work in slices (what an output backlog or
-unrelated actor methods look like to the loop) and a refit-like
+The optional *busy actor* load: work in slices that block the actor's loop (what an
+output backlog, a training step or unrelated actor methods look like to the loop;
+:data:`BUSY_WORK` says what a slice runs: pure Python, which holds the GIL, or
+code that releases it, as torch's kernels and a wait on a device do) and a refit-like
 ``pause_generation(mode="keep")`` / ``resume_generation()`` cycle.  It runs on
 the engine's owner loop (the engine built on the busy actor's loop), or on an
 actor loop of its own while the engine keeps its loop
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import os
 import threading
 import time
@@ -45,6 +48,7 @@ from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from ._stages import StageProbe, TimedClient
 
 __all__ = [
+    "BUSY_WORK",
     "OURS",
     "THREADED_MODES",
     "BusyLoad",
@@ -61,6 +65,12 @@ THREADED_MODES = ("unsafe", "per-hop", "loopbridge", "on-engine-loop")
 #: The modes that are loopbridge's own (what the report compares with the baselines).
 OURS = ("loopbridge", "on-engine-loop")
 SERVED_NAME = "bench"
+#: ``--busy-work``: what one slice of the busy actor runs while it blocks its loop.
+BUSY_WORK = {
+    "python": "pure Python, holding the GIL (the worst case: every thread of the process waits)",
+    "native": "hashing in C with the GIL released (a core busy, as torch's CPU kernels)",
+    "wait": "a blocking wait with the GIL released (as a training step waiting on its device)",
+}
 
 
 @dataclass(frozen=True)
@@ -81,8 +91,9 @@ class EngineSpec:
 class BusyLoad:
     """Extra work on the owner loop (all zero: none)."""
 
-    slice_s: float = 0.0  # CPU work per slice
+    slice_s: float = 0.0  # work per slice, blocking the loop
     period_s: float = 0.0  # one slice per period
+    work: str = "python"  # what a slice runs (a key of BUSY_WORK)
     refit_every_s: float = 0.0  # a pause/resume cycle this often
     refit_pause_s: float = 0.0  # how long generation stays paused
     # When the first refit comes, from the load's start (None: after refit_every_s). A
@@ -90,6 +101,10 @@ class BusyLoad:
     # an admission depends on its phase against the waves: the benchmark draws the
     # offset per round and scenario, the same for every mode (see _run).
     first_refit_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.work not in BUSY_WORK:
+            raise ValueError(f"BusyLoad(work={self.work!r}): use one of {', '.join(BUSY_WORK)}")
 
     @property
     def active(self) -> bool:
@@ -104,10 +119,33 @@ def _spin(seconds: float) -> int:
     return n
 
 
+#: 64 KiB: CPython's hashlib hashes anything over 2 KiB with the GIL released.
+_HASHED = bytes(1 << 16)
+
+
+def _hash(seconds: float) -> int:
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        hashlib.sha256(_HASHED).digest()
+        n += 1
+    return n
+
+
+def _wait(seconds: float) -> int:
+    time.sleep(seconds)
+    return 1
+
+
+_SLICES = {"python": _spin, "native": _hash, "wait": _wait}
+
+
 async def _busy(engine: Any, load: BusyLoad, counters: dict[str, int]) -> None:
+    run_slice = _SLICES[load.work]
+
     async def cpu() -> None:
         while True:
-            _spin(load.slice_s)
+            run_slice(load.slice_s)
             counters["slices"] += 1
             await asyncio.sleep(max(0.0, load.period_s - load.slice_s))
 
