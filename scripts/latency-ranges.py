@@ -5,7 +5,10 @@
 For each scenario, over the runs (each run's ratios taken within that run): the p99s of
 TTFT and e2e per mode (smallest to largest), loopbridge's ratios to stock and to
 per-hop, and its throughput and CPU per request against stock; one such table for each
-of loopbridge's modes the runs have (``loopbridge``, ``on-engine-loop``). Then, with
+of loopbridge's modes the runs have (``loopbridge``, ``on-engine-loop``). With
+``-busy-own-loop`` scenarios, each mode's TTFT p99 there against its own idle scenario
+in the same run (the goal: within 1.10x); ``stock`` never carries the busy load, so
+its column is how far two of its jobs differ alone. Then, with
 ``--stages on`` runs, where the slowest first tokens lose their time, pooled over
 the runs (the report's tail table). Markdown on stdout.
 """
@@ -74,6 +77,25 @@ def ranges_table(runs: list[dict[str, Any]], mode: str) -> list[str]:
     return lines
 
 
+def own_loop_table(runs: list[dict[str, Any]]) -> list[str]:
+    rows = _rows(runs)
+    own = dict.fromkeys(sc for sc, _ in rows if sc.endswith("-busy-own-loop"))
+    modes = [m for m in ("stock", "per-hop", *OURS) if any((sc, m) in rows for sc in own)]
+    lines = [
+        "| scenario | TTFT p99 ÷ the idle scenario's: " + " / ".join(modes) + " |",
+        "|---|---|",
+    ]
+    for sc in own:
+        idle = sc.removesuffix("-busy-own-loop")
+        cells = []
+        for m in modes:
+            busy, calm = rows.get((sc, m), []), rows.get((idle, m), [])
+            xs = [b["ttft_p99"] / c["ttft_p99"] for b, c in zip(busy, calm)]
+            cells.append(_span(xs, "{:.2f}") if xs else "n/a")
+        lines.append(f"| {sc} | {' / '.join(cells)} |")
+    return lines if own else []
+
+
 def tail_table(runs: list[dict[str, Any]]) -> list[str]:
     from loopbridge_adapters.bench.record import JobRecord
     from loopbridge_vllm.bench._stages import tail_markdown, tail_rows
@@ -93,6 +115,10 @@ def main() -> None:
     present = {r["mode"] for run in runs for r in run["rows"]}
     for mode in (m for m in OURS if m in present):
         print("\n".join(ranges_table(runs, mode)))
+        print()
+    own = own_loop_table(runs)
+    if own:
+        print("\n".join(own))
         print()
     print("\n".join(tail_table(runs)))
 

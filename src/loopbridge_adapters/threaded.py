@@ -20,8 +20,9 @@ Invariants:
   is refused (:class:`~loopbridge.LoopAffinityError` pointing to ``astart()``): it
   would wait for the loop it blocks.
 * **Bounded, ordered stop.** :meth:`~ThreadedServer.stop` stops accepting, lets
-  requests drain for at most ``grace`` seconds (uvicorn then cancels them), joins the
-  thread within ``timeout`` (default ``grace + 5``), force-exits uvicorn if it is
+  requests drain for at most ``grace`` seconds (uvicorn then cancels them, and serving
+  ends only once each cancelled handler has ended: its engine request aborted), joins
+  the thread within ``timeout`` (default ``grace + 5``), force-exits uvicorn if it is
   still running, joins once more, and raises :class:`TimeoutError` if the thread
   survives even that. A stop before start only closes the socket. Stopping on the
   owner loop while the thread runs is refused (``LoopAffinityError`` pointing to
@@ -85,6 +86,19 @@ _S = TypeVar("_S", bound="ThreadedServer")
 
 class ServerStartError(RuntimeError):
     """The server failed before it accepted connections (each adapter exports it)."""
+
+
+async def _handlers_ended(server: Any) -> None:
+    """Wait for the request handlers that uvicorn cancelled when the grace ran out.
+
+    uvicorn cancels them and returns without waiting; their cancellation aborts their
+    engine requests. On its own thread the loop's clean-up sweep would wait for them;
+    on the owner loop nothing would, and a stop must not return before every request
+    it cut short has been aborted.
+    """
+    pending = [task for task in server.server_state.tasks if not task.done()]
+    if pending:
+        await asyncio.wait(pending)
 
 
 class ThreadedServer(abc.ABC):
@@ -409,6 +423,7 @@ class ThreadedServer(abc.ABC):
                 watchdog.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watchdog
+                await _handlers_ended(server)
 
     async def _watchdog(self, server: Any) -> None:
         # On the owner loop the watchdog cannot see that loop stop: it runs there.

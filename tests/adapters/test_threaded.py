@@ -42,6 +42,8 @@ class _App:
         self.entered = threading.Event()
         self.release = threading.Event()
         self.cancelled = threading.Event()
+        self.abort_gate = threading.Event()
+        self.abort_gate.set()
         self.order: list[str] = []
         self.threads: set[threading.Thread] = set()  # where requests ran
 
@@ -54,6 +56,10 @@ class _App:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 self.cancelled.set()
+                # Cut short, a handler aborts its engine request: a round trip that
+                # ends once ``abort_gate`` opens (always open unless a test shuts it).
+                await asyncio.to_thread(self.abort_gate.wait, BOUND_S)
+                self.order.append("aborted")
                 raise
         if scope["path"] == "/slow":
             self.entered.set()
@@ -188,6 +194,65 @@ def test_stop_cancels_what_outlives_the_grace(owner: LoopThread, on_owner_loop: 
         # Cancelled before it answered: uvicorn says 500 and closes.
         assert reply.result(BOUND_S).status_code == 500
     assert server.wait_stopped(0) and _closed(server._sock)
+
+
+class _Marking(_Server):
+    """Marks when uvicorn's serve() returns, and records ``released`` in the app's
+    order where serving ends (``_release``, on the server's loop)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.serve_returned = threading.Event()
+
+    def _new_server(self, config: Any) -> Any:
+        server = super()._new_server(config)
+        serve = server.serve
+
+        async def serve_then_mark(*args: Any, **kwargs: Any) -> None:
+            try:
+                await serve(*args, **kwargs)
+            finally:
+                self.serve_returned.set()
+
+        server.serve = serve_then_mark
+        return server
+
+    def _release(self) -> None:
+        self.app.order.append("released")
+        super()._release()
+
+
+async def _turns(n: int) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_serving_ends_only_once_each_cancelled_handler_has_ended(
+    owner: LoopThread, on_owner_loop: bool
+) -> None:
+    """uvicorn cancels what outlives the grace and returns without waiting for it; the
+    cancelled handler's abort must end before serving does (on the owner loop nothing
+    else would wait for it), and so before a stop returns.
+
+    The abort is held until serve() has returned and the server's loop has turned 20
+    times: what serving does after serve() needs no I/O, so without the wait it would
+    have ended by then, and ``released`` would come first."""
+    app = _App()
+    app.abort_gate.clear()
+    server = _Marking(owner, app, grace=0.1, on_owner_loop=on_owner_loop).start()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        reply = pool.submit(httpx.get, f"{server.url}/forever", timeout=BOUND_S)
+        assert app.entered.wait(BOUND_S)
+        stopping = pool.submit(server.stop)
+        assert app.cancelled.wait(BOUND_S) and server.serve_returned.wait(BOUND_S)
+        assert server.loop is not None
+        turns = asyncio.run_coroutine_threadsafe(_turns(20), server.loop)
+        concurrent.futures.wait([turns], BOUND_S)  # or swept, with the loop it ran on
+        app.abort_gate.set()
+        stopping.result(BOUND_S)
+        assert reply.result(BOUND_S).status_code == 500
+    assert app.order == ["aborted", "released"]
+    assert server.wait_stopped(0) and owner.loop.is_running()
 
 
 def test_stop_before_start_closes_the_socket(owner: LoopThread) -> None:

@@ -243,7 +243,7 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     assert "| stream-c2-busy | loopbridge |" in table and "| nostream-c2 | stock |" in table
     assert "| stream-chat-r0.5 | loopbridge |" in table and "ITL" in table
     assert "| stream-c2-busy | on-engine-loop |" in table
-    assert "blocks its loop (native: hashing in C with the GIL released" in table
+    assert "blocks its loop (`--busy-work native`: hashing in C with the GIL released" in table
     assert len(result["headlines"]) == len(ours) * len(scenarios)
     for line in result["headlines"]:
         assert line.startswith(tuple(scenarios)) and line in proc.stdout
@@ -591,3 +591,44 @@ def test_a_job_record_comes_back_from_its_json() -> None:
         extra={"gc_full": 2.0},
     )  # fmt: skip
     assert JobRecord.from_json(json.loads(json.dumps(rec.as_json()))) == rec
+
+
+def test_the_busy_actor_on_its_own_loop_is_checked_against_the_idle_scenario() -> None:
+    """Each mode of ours: a ``-busy-own-loop`` row's TTFT p99 within 1.10x of the same
+    mode's idle row; a mode's idle row never stands in for another mode's."""
+    from loopbridge_adapters.bench.load import Sample
+    from loopbridge_adapters.bench.record import JobRecord
+    from loopbridge_vllm.bench._report import summarize, target_checks
+
+    def rec(mode: str, ttft: float, busy: bool) -> JobRecord:
+        samples = [Sample(start=0.0, ttft=ttft, e2e=1.0, tokens=4, error=None)] * 10
+        return JobRecord(
+            round=0,
+            warmup=False,
+            stream=True,
+            concurrency=16,
+            busy=busy,
+            own_loop=busy,
+            mode=mode,
+            wall_s=1.0,
+            engine_died=False,
+            samples=samples,
+        )
+
+    rows = summarize(
+        [
+            rec("loopbridge", 0.020, busy=False),
+            rec("loopbridge", 0.021, busy=True),  # 1.05x its idle: met
+            rec("on-engine-loop", 0.010, busy=False),
+            rec("on-engine-loop", 0.020, busy=True),  # 2x its idle (1x loopbridge's): missed
+        ]
+    )
+    checks = {
+        (t["scenario"], t["value"]): t["met"]
+        for t in target_checks(rows)
+        if t["what"] == "TTFT p99 ≤ 1.10x idle"
+    }
+    assert checks == {
+        ("stream-c16-busy-own-loop", "1.05x"): True,
+        ("stream-c16-busy-own-loop (on-engine-loop)", "2.00x"): False,
+    }

@@ -67,9 +67,9 @@ OURS = ("loopbridge", "on-engine-loop")
 SERVED_NAME = "bench"
 #: ``--busy-work``: what one slice of the busy actor runs while it blocks its loop.
 BUSY_WORK = {
-    "python": "pure Python, holding the GIL (the worst case: every thread of the process waits)",
-    "native": "hashing in C with the GIL released (a core busy, as torch's CPU kernels)",
-    "wait": "a blocking wait with the GIL released (as a training step waiting on its device)",
+    "python": "pure Python, which holds the GIL, so every other thread waits: the worst case",
+    "native": "hashing in C with the GIL released, a core busy, as torch's CPU kernels",
+    "wait": "a blocking wait with the GIL released, as a training step waiting on its device",
 }
 
 
