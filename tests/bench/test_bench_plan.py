@@ -27,7 +27,7 @@ from loopbridge_vllm.bench._devices import (
     place_engines,
     startup_order,
 )
-from loopbridge_vllm.bench._report import headlines, markdown, summarize
+from loopbridge_vllm.bench._report import headlines, markdown, summarize, target_checks
 from loopbridge_vllm.bench._run import (
     Scenario,
     _open_scenarios,
@@ -263,7 +263,9 @@ def test_kv_cache_sizes_must_match() -> None:
         check_kv({"stock": {"tokens": 98_000}, "threaded": {"tokens": 100_000}})
 
 
-def _rec(mode: str, ttft: float, gap: float, cpu: float) -> JobRecord:
+def _rec(mode: str, ttft: float, gap: float, cpu: float, *, own_loop: bool = False) -> JobRecord:
+    """Ten streamed samples at concurrency 2; ``own_loop``: the busy actor on its own
+    loop (the ``-busy-own-loop`` scenario)."""
     samples = [
         Sample(
             start=0.0,
@@ -280,13 +282,36 @@ def _rec(mode: str, ttft: float, gap: float, cpu: float) -> JobRecord:
         warmup=False,
         stream=True,
         concurrency=2,
-        busy=False,
+        busy=own_loop,
+        own_loop=own_loop,
         mode=mode,
         wall_s=1.0,
         server_cpu_s=cpu,
         engine_died=False,
         samples=samples,
     )
+
+
+def test_the_busy_actor_on_its_own_loop_is_checked_against_the_idle_scenario() -> None:
+    """Each mode of ours: a ``-busy-own-loop`` row's TTFT p99 within 1.10x of the same
+    mode's idle row; a mode's idle row never stands in for another mode's."""
+    rows = summarize(
+        [
+            _rec("loopbridge", 0.020, 0.01, 1.0),
+            _rec("loopbridge", 0.021, 0.01, 1.0, own_loop=True),  # 1.05x its idle: met
+            _rec("on-engine-loop", 0.010, 0.01, 1.0),
+            _rec("on-engine-loop", 0.020, 0.01, 1.0, own_loop=True),  # 2x its idle: missed
+        ]
+    )
+    checks = {
+        (t["scenario"], t["value"]): t["met"]
+        for t in target_checks(rows)
+        if t["what"] == "TTFT p99 ≤ 1.10x idle"
+    }
+    assert checks == {
+        ("stream-c2-busy-own-loop", "1.05x"): True,
+        ("stream-c2-busy-own-loop (on-engine-loop)", "2.00x"): False,
+    }
 
 
 def test_tpot_itl_cpu_and_their_ratios() -> None:
