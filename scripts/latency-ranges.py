@@ -47,9 +47,12 @@ def _rows(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, An
 
 def ranges_table(runs: list[dict[str, Any]], mode: str) -> list[str]:
     rows = _rows(runs)
+    named = " / ".join(
+        ["stock", *(["per-hop"] if any(m == "per-hop" for _, m in rows) else []), mode]
+    )
     lines = [
-        f"| scenario | TTFT p99 ms: stock / per-hop / {mode} | ÷ stock | ÷ per-hop "
-        f"| e2e p99 ms: stock / per-hop / {mode} | ÷ stock | ÷ per-hop | req/s ÷ stock "
+        f"| scenario | TTFT p99 ms: {named} | ÷ stock | ÷ per-hop "
+        f"| e2e p99 ms: {named} | ÷ stock | ÷ per-hop | req/s ÷ stock "
         "| CPU/req ÷ stock | client CPU |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
