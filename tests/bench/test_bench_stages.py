@@ -234,7 +234,8 @@ def test_own_loop_topology_with_the_stage_probe_end_to_end(tmp_path: Path) -> No
         *("--busy", "own-loop", "--busy-slice-ms", "1", "--busy-period-ms", "5"),
         # The load starts with each job: a refit within its first millisecond.
         *("--refit-every-s", "0.001", "--refit-pause-ms", "1"),
-        *("--modes", "per-hop,loopbridge", "--correctness", "off", "--stages", "on"),
+        *("--modes", "per-hop,loopbridge,on-engine-loop", "--correctness", "off"),
+        *("--stages", "on"),
         *("--switch-interval-ms", "1", "--no-plots", "--timeout", "30"),
         *("--cache-dir", str(REPO / ".cache"), "--out", str(out)),
     ]
@@ -249,7 +250,8 @@ def test_own_loop_topology_with_the_stage_probe_end_to_end(tmp_path: Path) -> No
     assert meta["switch_interval_ms"] == 1.0 and set(meta["load_average"]) == {"start", "end"}
     assert meta["busy_counters"]["slices"] > 0 and meta["busy_counters"]["refits"] > 0
     rows = {(r["scenario"], r["mode"]): r for r in result["rows"]}
-    assert set(rows) == {("stream-c2-busy-own-loop", m) for m in ("per-hop", "loopbridge")}
+    modes = ("per-hop", "loopbridge", "on-engine-loop")
+    assert set(rows) == {("stream-c2-busy-own-loop", m) for m in modes}
     assert all(r["errors"] == 0 and r["own_loop"] for r in rows.values())
     for rec in result["records"]:
         assert len(rec["stages"]) == len(rec["samples"]) == 4

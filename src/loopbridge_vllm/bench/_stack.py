@@ -238,6 +238,7 @@ class Stack:
         return self
 
     def _start_server(self, mode: str) -> Any:
+        from loopbridge import adopt
         from loopbridge_vllm.engine import engine_client_proxy
         from loopbridge_vllm.server import OpenAIServer, start_openai_server
 
@@ -264,6 +265,8 @@ class Stack:
             # Every threaded mode wrapped alike: the same marks, the same cost.
             client = TimedClient(client, self.probe)
             middleware.append(self.probe.middleware())
+            if on_engine_loop:  # the wrapper lives on the engine's loop with its server
+                adopt(client, loop=self.owner.loop)
         server = OpenAIServer(
             client,
             name=f"bench-http-{mode}",
