@@ -81,15 +81,16 @@ def ranges_table(runs: list[dict[str, Any]], mode: str) -> list[str]:
 
 
 def own_loop_table(runs: list[dict[str, Any]]) -> list[str]:
+    from loopbridge_vllm.bench._report import idle_scenario
+
     rows = _rows(runs)
-    own = dict.fromkeys(sc for sc, _ in rows if sc.endswith("-busy-own-loop"))
+    own = {sc: idle for sc, _ in rows if (idle := idle_scenario(sc)) is not None}
     modes = [m for m in ("stock", "per-hop", *OURS) if any((sc, m) in rows for sc in own)]
     lines = [
         "| scenario | TTFT p99 ÷ the idle scenario's: " + " / ".join(modes) + " |",
         "|---|---|",
     ]
-    for sc in own:
-        idle = sc.removesuffix("-busy-own-loop")
+    for sc, idle in own.items():
         cells = []
         for m in modes:
             busy, calm = rows.get((sc, m), []), rows.get((idle, m), [])

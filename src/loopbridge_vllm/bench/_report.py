@@ -32,6 +32,7 @@ from ._stack import BUSY_WORK, OURS
 
 __all__ = [
     "headlines",
+    "idle_scenario",
     "markdown",
     "percentile",
     "plot",
@@ -211,8 +212,8 @@ def _intro(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     lines = [
         f"{versions_line(meta)} {shape}; {meta['requests']} requests per mode per round, "
         f"{meta['rounds']} measured rounds, kept-alive connections (one per worker, opened "
-        f"before the clock starts). {cache}{_threaded_setup(meta)}{_busy_setup(rows, meta)} Latencies in ms, pooled "
-        "over rounds, as "
+        f"before the clock starts). {cache}{_threaded_setup(meta)}{_busy_setup(rows, meta)} "
+        "Latencies in ms, pooled over rounds, as "
         "p50 / p99 / max; without streaming, TTFT is the whole response and there is no "
         "TPOT or ITL. TPOT = (e2e - TTFT) / (tokens - 1) per request; ITL = gaps between "
         "streamed events. rate = median requests/s over rounds; CPU = the serving "
@@ -249,16 +250,19 @@ _OWN_LOOP_LIMIT = 1.10
 _OWN_LOOP = "-busy-own-loop"
 
 
+def idle_scenario(scenario: str) -> str | None:
+    """The idle scenario a ``-busy-own-loop`` scenario is compared with; None for others."""
+    return scenario[: -len(_OWN_LOOP)] if scenario.endswith(_OWN_LOOP) else None
+
+
 def _own_loop_check(r: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Row ``r``'s check against its idle scenario, where ``r`` is a ``-busy-own-loop``
     row and the run has that scenario for its mode."""
-    if not r["scenario"].endswith(_OWN_LOOP):
-        return []
-    idle_name = r["scenario"][: -len(_OWN_LOOP)]
-    idle = next((x for x in rows if (x["scenario"], x["mode"]) == (idle_name, r["mode"])), None)
-    stat = "ttft_p99" if r["stream"] else "e2e_p99"
+    key = (idle_scenario(r["scenario"]), r["mode"])
+    idle = next((x for x in rows if (x["scenario"], x["mode"]) == key), None)
     if idle is None:
         return []
+    stat = "ttft_p99" if r["stream"] else "e2e_p99"
     value = ratio(r[stat], idle[stat])
     what = f"{'TTFT' if r['stream'] else 'e2e'} p99 ≤ {_OWN_LOOP_LIMIT:.2f}x idle"
     met = value <= _OWN_LOOP_LIMIT
