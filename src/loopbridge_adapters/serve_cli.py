@@ -20,8 +20,10 @@ The command's lifecycle (signals, owner loop, build, serve, stop) is
 :func:`add_listen_options`, :func:`listen_conflicts` and :func:`listen_on` are the
 ``--host``/``--port`` a ``serve`` command takes before ``--``: the engine's own parser
 takes them after ``--`` too, and giving one in both places is an error, not a choice.
-:func:`add_loop_options` is the owner loop's and the server loop's ``--uvloop`` choice, and
-the interpreter's switch interval while serving (:func:`switch_interval`).
+:func:`add_loop_options` is the owner loop's and the server loop's ``--uvloop`` choice,
+where the server runs (a thread of its own, or ``--on-engine-loop``) and the
+interpreter's switch interval while serving; :func:`server_loop_options` turns them
+into the adapter servers' keyword arguments.
 
 :func:`run_subcommand` is ``python -m loopbridge_<engine>``'s dispatch: help, ``serve``,
 subcommands delegated to another module's ``main``, and the exit status of each.
@@ -54,6 +56,7 @@ __all__ = [
     "option_name",
     "report_usage_error",
     "run_subcommand",
+    "server_loop_options",
     "switch_interval",
 ]
 
@@ -213,8 +216,9 @@ def listen_on(
 def add_loop_options(parser: argparse.ArgumentParser, server_default: str) -> None:
     """``--uvloop``/``--no-uvloop`` (the owner loop: None, True or False, as
     :func:`~loopbridge_adapters.engine_loop.engine_loop_factory` takes it),
-    ``--no-server-uvloop`` (the HTTP server's loop) and ``--switch-interval-ms`` (the
-    interpreter's while serving: :func:`switch_interval`)."""
+    ``--no-server-uvloop`` (the HTTP server's own loop), ``--on-engine-loop`` (no such
+    loop: the server on the owner loop; the two exclude each other) and
+    ``--switch-interval-ms`` (the interpreter's while serving: :func:`switch_interval`)."""
     parser.add_argument(
         "--uvloop",
         action=argparse.BooleanOptionalAction,
@@ -222,11 +226,19 @@ def add_loop_options(parser: argparse.ArgumentParser, server_default: str) -> No
         help="the engine's owner loop on uvloop, or (--no-uvloop) on asyncio's (default: uvloop "
         "when installed, as the stock server's engine loop)",
     )
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--no-server-uvloop",
         dest="server_uvloop",
         action="store_false",
         help=f"run the HTTP server's loop on asyncio instead of uvloop (default: {server_default})",
+    )
+    where.add_argument(
+        "--on-engine-loop",
+        action="store_true",
+        help="serve HTTP on the engine's owner loop instead of a thread of its own: the stock "
+        "server's topology, no request crossing a thread (this command's owner loop runs "
+        "nothing else); its loop kind is --uvloop's",
     )
     parser.add_argument(
         "--switch-interval-ms",
@@ -241,6 +253,17 @@ def switch_interval(opts: argparse.Namespace) -> float | None:
     """The server's ``switch_interval`` (seconds, or None) from ``--switch-interval-ms``."""
     ms: float | None = opts.switch_interval_ms
     return None if ms is None else ms / 1e3
+
+
+def server_loop_options(opts: argparse.Namespace) -> dict[str, Any]:
+    """What :func:`add_loop_options` parsed, as an adapter server's ``use_uvloop``,
+    ``on_engine_loop`` and ``switch_interval`` (a server on the owner loop takes no
+    loop choice of its own: ``use_uvloop`` None)."""
+    return {
+        "use_uvloop": None if opts.on_engine_loop else opts.server_uvloop,
+        "on_engine_loop": opts.on_engine_loop,
+        "switch_interval": switch_interval(opts),
+    }
 
 
 def report_usage_error(exc: UsageError) -> int:

@@ -80,10 +80,14 @@ class Serving(Protocol):
     def url(self) -> str: ...
 
     @property
-    def thread(self) -> threading.Thread: ...
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop it serves on: its own thread's, or the engine's owner loop."""
 
     @property
     def exit_reason(self) -> Any: ...
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """True once serving has ended, by a stop or by itself (within ``timeout``)."""
 
 
 class StopSignals:
@@ -137,11 +141,22 @@ def _owner_loop_factory(opts: argparse.Namespace) -> Callable[[], asyncio.Abstra
 def serve_until_stopped(stop: threading.Event, server: Serving, poll: float = 0.2) -> int:
     """Wait until ``stop`` is set (status 0) or the server stops by itself (status 1)."""
     while not stop.wait(poll):
-        if not server.thread.is_alive():
+        if server.wait_stopped(0):  # its thread's end, or (on the owner loop) serving's
             reason = server.exit_reason.value if server.exit_reason else "unknown"
             print(f"server stopped by itself ({reason})", flush=True)
             return 1
     return 0
+
+
+def _topology(owner: LoopThread, server: Serving) -> str:
+    """The serving line's settings: the switch interval (the server's, while it serves),
+    the owner loop's kind, and where the server runs."""
+    interval = sys.getswitchinterval() * 1e3
+    if server.loop is owner.loop:
+        where = "server on the owner loop"
+    else:
+        where = f"server thread {loop_kind(server.loop) if server.loop else '?'}"
+    return f"switch interval {interval:g} ms, owner loop {loop_kind(owner.loop)}, {where}"
 
 
 _P = TypeVar("_P", bound=Plan)
@@ -258,12 +273,7 @@ class ServeCommand(abc.ABC, Generic[_P]):
             code = 0  # asked to stop while the engine started: no server
             if not signals.stop.is_set():
                 server = self.start(opts, plan, engine, owner, sock)
-                interval = sys.getswitchinterval() * 1e3  # the server's, while it serves
-                print(
-                    f"serving on {server.url} (switch interval {interval:g} ms, "
-                    f"owner loop {loop_kind(owner.loop)})",
-                    flush=True,
-                )
+                print(f"serving on {server.url} ({_topology(owner, server)})", flush=True)
                 code = serve_until_stopped(signals.stop, server)
             received = signals.received
             if received is not None and received in self.failure_signals:

@@ -39,7 +39,7 @@ from loopbridge_adapters.serve_cli import (
     listen_conflicts,
     listen_on,
     run_subcommand,
-    switch_interval,
+    server_loop_options,
 )
 from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
 
@@ -181,8 +181,7 @@ class _Serve(ServeCommand[_Plan]):
             sock=sock,
             grace=opts.grace,
             log_level=server_args.log_level_http or server_args.log_level,
-            use_uvloop=opts.server_uvloop,
-            switch_interval=switch_interval(opts),
+            **server_loop_options(opts),
             template_manager=engine.template_manager,
             scheduler_info=engine.scheduler_info,
             root_path=server_args.fastapi_root_path or "",

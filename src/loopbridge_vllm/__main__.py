@@ -31,7 +31,7 @@ from loopbridge_adapters.serve_cli import (
     listen_conflicts,
     listen_on,
     run_subcommand,
-    switch_interval,
+    server_loop_options,
 )
 from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
 from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
@@ -194,8 +194,7 @@ class _Serve(ServeCommand[_Plan]):
             args=plan.ns,
             grace=plan.grace,
             log_level=plan.ns.uvicorn_log_level,
-            use_uvloop=opts.server_uvloop,
-            switch_interval=switch_interval(opts),
+            **server_loop_options(opts),
             metrics=opts.metrics,
             max_body_bytes=opts.max_body_bytes or None,
             sock=sock,

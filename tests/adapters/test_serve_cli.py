@@ -26,6 +26,7 @@ from loopbridge_adapters.serve_cli import (
     option_name,
     report_usage_error,
     run_subcommand,
+    server_loop_options,
     switch_interval,
 )
 
@@ -230,3 +231,29 @@ def test_loop_options_and_the_switch_interval(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         parser.parse_args(["--switch-interval-ms", "0"])
     assert "a positive number of ms or off, not '0'" in capsys.readouterr().err
+
+
+def test_on_engine_loop_as_the_servers_keyword_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A server thread's loop choice, or the owner loop (which takes none of its own);
+    asking for both is refused by the parser, naming the two options."""
+    parser = argparse.ArgumentParser(prog="serve")
+    add_loop_options(parser, "uvloop")
+    assert server_loop_options(parser.parse_args([])) == {
+        "use_uvloop": True,
+        "on_engine_loop": False,
+        "switch_interval": 0.001,
+    }
+    assert server_loop_options(parser.parse_args(["--no-server-uvloop"]))["use_uvloop"] is False
+    opts = parser.parse_args(["--on-engine-loop", "--switch-interval-ms", "off"])
+    assert server_loop_options(opts) == {
+        "use_uvloop": None,
+        "on_engine_loop": True,
+        "switch_interval": None,
+    }
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["--on-engine-loop", "--no-server-uvloop"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --no-server-uvloop: not allowed with argument --on-engine-loop" in err

@@ -41,24 +41,29 @@ class _Plan:
 
 
 class _Server:
-    """Serves (its thread lives) until stopped, or stops by itself when asked to."""
+    """Serves until stopped, or stops by itself when asked to: on a loop of its own (an
+    asyncio loop a thread would run), or on the owner loop it is given."""
 
-    def __init__(self, sock: socket.socket, *, by_itself: bool) -> None:
+    def __init__(
+        self, sock: socket.socket, *, by_itself: bool, loop: asyncio.AbstractEventLoop | None
+    ) -> None:
         self.sock = sock
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.exit_reason = ExitReason.ENGINE_DIED if by_itself else None
-        self._stop = threading.Event()
+        self._own_loop = loop is None
+        self.loop = asyncio.new_event_loop() if loop is None else loop
+        self._stopped = threading.Event()
         if by_itself:
-            self._stop.set()
-        self.thread = threading.Thread(target=self._stop.wait, args=(BOUND_S,))
-        self.thread.start()
-        if by_itself:
-            self.thread.join(BOUND_S)
+            self._stopped.set()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
 
     def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(BOUND_S)
+        self._stopped.set()
         self.sock.close()
+        if self._own_loop:
+            self.loop.close()
 
 
 def _signal_main_thread(sig: signal.Signals) -> None:
@@ -126,7 +131,8 @@ class _Command(ServeCommand[_Plan]):
         assert owner.running and sock is self.sock
         if self.start_fails:
             raise RuntimeError("the app did not build")
-        server = _Server(sock, by_itself=self.server_stops_by_itself)
+        on_owner = owner.loop if opts.on_engine_loop else None
+        server = _Server(sock, by_itself=self.server_stops_by_itself, loop=on_owner)
         if self.signal_in_start is not None:
             signal.raise_signal(self.signal_in_start)
         return server
@@ -173,7 +179,8 @@ def test_a_stop_signal_stops_server_then_engine_then_owner_loop(
     # The interval in force while it served (this fake server sets none).
     kind = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     assert out[0].endswith(
-        f" (switch interval {sys.getswitchinterval() * 1e3:g} ms, owner loop {kind})"
+        f" (switch interval {sys.getswitchinterval() * 1e3:g} ms, owner loop {kind}, "
+        "server thread asyncio)"
     )
     assert out[1:] == ["server stopped", "engine stopped"]
 
@@ -183,7 +190,25 @@ def test_no_uvloop_puts_the_owner_loop_on_asyncio(capsys: pytest.CaptureFixture[
     command.signal_in_start = signal.SIGTERM
     assert command.run(["--no-uvloop"]) == 0
     assert isinstance(command.built_on, asyncio.BaseEventLoop)  # asyncio's own loop class
-    assert capsys.readouterr().out.splitlines()[0].endswith(", owner loop asyncio)")
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith(", owner loop asyncio, server thread asyncio)")
+
+
+@pytest.mark.parametrize("by_itself", [False, True])
+def test_on_engine_loop_serves_on_the_owner_loop_and_is_watched_there(
+    by_itself: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--on-engine-loop``: the line says where it serves; a server that stops by
+    itself is status 1 although the owner loop's thread (its thread) still runs."""
+    command = _Command()
+    command.server_stops_by_itself = by_itself
+    if not by_itself:
+        command.signal_in_start = signal.SIGTERM
+    assert command.run(["--no-uvloop", "--on-engine-loop"]) == int(by_itself)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(", owner loop asyncio, server on the owner loop)")
+    assert ("server stopped by itself (engine died)" in out) is by_itself
+    assert command.steps[-2:] == ["stop server", "stop engine"]
 
 
 def test_uvloop_asked_for_but_missing_is_a_usage_error(
@@ -305,6 +330,6 @@ def test_serve_until_stopped_is_0_when_stopped() -> None:
     stop.set()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        server = _Server(sock, by_itself=False)
+        server = _Server(sock, by_itself=False, loop=None)
         assert serve_until_stopped(stop, server) == 0
         server.stop()

@@ -20,7 +20,7 @@ from loopbridge_adapters.bench.load import (
     prompt_tokens,
     request_lengths,
 )
-from loopbridge_adapters.bench.record import JobRecord
+from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed
 from loopbridge_vllm.bench._devices import (
     Gpu,
     parse_fake_gpus,
@@ -69,7 +69,7 @@ def _run_jobs(argv: list[str]) -> list[Job]:
                         requests=n,
                         prompt_len=args.prompt_len,
                         output_len=args.output_len,
-                        seed=args.seed * 1_000_003 + rnd * 1000 + si,
+                        seed=job_seed(args.seed, Cell(rnd, False, si, sc, ()), sc.workload),
                         first_id=next_id,
                         lengths=args.lengths,
                         shared_prefix=args.shared_prefix,
@@ -175,6 +175,32 @@ def test_lognormal_lengths_are_seeded_bounded_and_right_skewed() -> None:
     other = _job(lengths="lognormal", prompt_len=256, output_len=128, seed=8)
     assert [request_lengths(other, i) for i in range(50)] != lengths[:50]
     assert request_lengths(_job(), 5) == (32, 32)
+
+
+def test_a_busy_scenario_serves_its_idle_twins_lengths_in_each_round() -> None:
+    """The busy-versus-idle ratio compares one draw of lengths: the load is the only
+    difference.  Another round, workload or ``--seed`` draws another."""
+    args = parse_args(["--busy", "all", "--lengths", "lognormal", "--concurrency", "16,64"])
+    scenarios = _scenarios(args)
+    assert {s.workload for s in scenarios} == {
+        "stream-c16",
+        "stream-c64",
+        "nostream-c16",
+        "nostream-c64",
+    }
+
+    def lengths(rnd: int, sc: Scenario, seed: int = 0) -> list[tuple[int, int]]:
+        cell = Cell(rnd, False, scenarios.index(sc), sc, ("stock",))
+        job = _job(lengths="lognormal", seed=job_seed(seed, cell, sc.workload), requests=64)
+        return [request_lengths(job, i) for i in range(64)]
+
+    idle = Scenario(True, 64, False)
+    for twin in (Scenario(True, 64, True), Scenario(True, 64, True, own_loop=True)):
+        assert twin in scenarios and twin.workload == idle.key
+        assert lengths(1, twin) == lengths(1, idle)
+    assert lengths(2, idle) != lengths(1, idle)
+    assert lengths(1, Scenario(True, 16, True)) != lengths(1, idle)
+    assert lengths(1, idle, seed=1) != lengths(1, idle)
 
 
 def test_poisson_arrivals() -> None:

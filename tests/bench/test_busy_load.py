@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from loopbridge_vllm.bench._stack import _SLICES, BusyLoad, _busy
+from loopbridge_vllm.bench._stack import BUSY_WORK, BusyLoad, _busy
 
 #: A refit as soon as the load starts, and no time paused beyond the calls.
 _REFIT_AT_ONCE = BusyLoad(refit_every_s=1e-6, refit_pause_s=0.0)
@@ -94,7 +94,7 @@ def _ran_during_slice(work: str) -> bool:
     try:
         thread.start()
         gate.release()  # the thread now waits for the GIL only
-        _SLICES[work](0.05)
+        BUSY_WORK[work].run(0.05)
         during = ran.is_set()
     finally:
         sys.setswitchinterval(old)

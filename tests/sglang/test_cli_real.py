@@ -23,8 +23,12 @@ import pytest
 from loopbridge_sglang import __main__ as cli
 
 
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [([], "server thread uvloop"), (["--on-engine-loop"], "server on the owner loop")],
+)
 def test_serve_answers_then_stops_in_order_without_leftovers(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, where: list[str], said: str
 ) -> None:
     cmd = [
         sys.executable,
@@ -36,6 +40,7 @@ def test_serve_answers_then_stops_in_order_without_leftovers(
         "0",
         "--grace",
         "1",
+        *where,
         "--",
         "--model-path",
         str(tiny_model),
@@ -66,6 +71,7 @@ def test_serve_answers_then_stops_in_order_without_leftovers(
                 url = match.group(1)
                 break
         assert url is not None, "".join(lines[-30:])
+        assert lines[-1].rstrip().endswith(f", {said})"), lines[-1]
         # The stand-in scheduler is a child process while serving.
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children

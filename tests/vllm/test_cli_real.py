@@ -20,7 +20,13 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.every_release
-def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [([], "server thread uvloop"), (["--on-engine-loop"], "server on the owner loop")],
+)
+def test_serve_answers_and_stops_server_before_engine(
+    tiny_model: Path, where: list[str], said: str
+) -> None:
     env = _env()
     cmd = [
         sys.executable,
@@ -33,6 +39,7 @@ def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
         "--cpu-standin",
         "--grace",
         "1",
+        *where,
         "--",
         "--served-model-name",
         "tiny",
@@ -57,8 +64,9 @@ def test_serve_answers_and_stops_server_before_engine(tiny_model: Path) -> None:
                 url = match.group(1)
                 break
         assert url is not None, "".join(lines[-30:])
-        # The server's switch interval while it serves, said on the same line.
-        assert lines[-1].rstrip().endswith(" (switch interval 1 ms, owner loop uvloop)"), lines[-1]
+        # The server's switch interval while it serves and where it serves, on the same line.
+        ending = f" (switch interval 1 ms, owner loop uvloop, {said})"
+        assert lines[-1].rstrip().endswith(ending), lines[-1]
         with httpx.Client(base_url=url, timeout=30) as client:
             assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny"]
             body = {"model": "tiny", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True}

@@ -9,8 +9,8 @@ make the jobs, and the versions that produced them.
 * :func:`versions` - the installed releases a figure comes from.
 
 Invariants: ``ok`` and ``tokens`` are derived from the samples, never stored beside
-them; a job's seed depends on the run's seed, its round and its scenario only, so
-every mode of one round and scenario gets the same lengths and arrivals; within a
+them; a job's seed depends on the run's seed, its round and its scenario's workload only,
+so every mode of one round and scenario gets the same lengths and arrivals; within a
 round and scenario every mode runs once, and over ``len(modes)`` consecutive
 (round, scenario) cells every mode runs first once (drift and warm-up hit every mode
 alike).
@@ -18,6 +18,7 @@ alike).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Generic, TypeVar
@@ -122,9 +123,16 @@ def rounds(
             yield Cell(rnd, rnd < warmup_rounds, si, sc, (*modes[k:], *modes[:k]))
 
 
-def job_seed(seed: int, cell: Cell[Any]) -> int:
-    """The seed of every job of ``cell``: the same lengths and arrivals for every mode."""
-    return seed * 1_000_003 + cell.round * 1000 + cell.index
+def job_seed(seed: int, cell: Cell[Any], workload: str | None = None) -> int:
+    """The seed of every job of ``cell``: the same lengths and arrivals for every mode.
+
+    ``workload`` names what the draws stand for (default: the cell's place in the
+    round).  Cells of one round that name the same workload draw the same lengths and
+    arrivals: a busy scenario that names its idle twin's serves exactly the twin's
+    requests, so the two differ by the load alone.
+    """
+    key = f"{seed}:{cell.round}:{cell.index if workload is None else workload}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
 
 
 def versions(*names: str) -> dict[str, str]:

@@ -11,8 +11,6 @@ measured job, both modes' ``/model_info`` must agree (:meth:`Stack.check_same`).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import os
 import platform
@@ -29,6 +27,7 @@ from loopbridge_adapters.bench.args import (
     resolve_load_defaults,
 )
 from loopbridge_adapters.bench.console import Console
+from loopbridge_adapters.bench.gc_clock import GcClock, settle
 from loopbridge_adapters.bench.load import Job, LoadProcess
 from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed, rounds, versions
 from loopbridge_adapters.bench.summary import scenario_key, summarize
@@ -80,7 +79,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-gc-freeze",
         dest="gc_freeze",
         action="store_false",
-        help="leave the GC unfrozen after set-up (launch_server freezes it after warm-up)",
+        help="leave the GC unfrozen after set-up (launch_server freezes it after warm-up) and "
+        "the run's records unfrozen between jobs",
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
     t_start = time.perf_counter()
     console.phase("sglang")
     stack = Stack(args.step_ms / 1e3, freeze_gc=args.gc_freeze)
-    gc_clock = _GcClock()
+    gc_clock = GcClock()
     load = LoadProcess()
     partial = (out / "latency.partial.jsonl").open("w")
     config: dict[str, Any] = {}
@@ -156,6 +156,8 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
                 records.append(rec)
                 partial.write(json.dumps(rec.as_json()) + "\n")
                 partial.flush()
+                if args.gc_freeze:
+                    settle()  # the records so far: never walked during a later job
                 if rec.engine_died:
                     raise RuntimeError(
                         f"the manager or its stand-in died during {mode}; see {console.current}"
@@ -201,7 +203,7 @@ def _job(
     console: Console,
     stack: Stack,
     load: LoadProcess,
-    gc_clock: _GcClock,
+    gc_clock: GcClock,
     cell: Cell[tuple[bool, int]],
     mode: str,
     first_id: int,
@@ -246,35 +248,6 @@ def _job(
         # Full (generation 2) collections in this process during the job.
         extra={"gc_full": gc_full, "gc_full_s": gc_full_s},
     )
-
-
-class _GcClock:
-    """Counts full collections and the time they take, on every thread of this process."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.seconds = 0.0
-        self._t0 = 0.0
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if info.get("generation") != 2:
-            return
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            self.count += 1
-            self.seconds += time.perf_counter() - self._t0
-
-    def snapshot(self) -> tuple[int, float]:
-        return self.count, self.seconds
-
-    def since(self, then: tuple[int, float]) -> tuple[int, float]:
-        return self.count - then[0], self.seconds - then[1]
-
-    def close(self) -> None:
-        with contextlib.suppress(ValueError):
-            gc.callbacks.remove(self._callback)
 
 
 def _versions() -> dict[str, str]:

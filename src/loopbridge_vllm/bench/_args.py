@@ -189,7 +189,7 @@ def _busy_options(group: Any) -> None:
         choices=tuple(BUSY_WORK),
         default="python",
         help="what a slice runs: "
-        + "; ".join(f"{k}: {v}" for k, v in BUSY_WORK.items())
+        + "; ".join(f"{k}: {v.describes}" for k, v in BUSY_WORK.items())
         + " (default python)",
     )
     group.add_argument(
@@ -333,6 +333,14 @@ def _phase_options(group: Any) -> None:
         default="off",
         help="mark every request of the threaded modes at each stage on its way to the first "
         "token, and report p50/p99 per stage (see docs/performance.md; default off: no cost)",
+    )
+    group.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="leave the run's records to the garbage collector: by default they are frozen "
+        "between jobs (gc.collect(), gc.freeze()), so that no full collection during a "
+        "measured job walks them while this process serves (see docs/performance.md)",
     )
     group.add_argument(
         "--switch-interval-ms",

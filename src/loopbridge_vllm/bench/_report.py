@@ -169,6 +169,13 @@ def _threaded_setup(meta: dict[str, Any]) -> str:
     if "switch_interval_ms" in meta:
         ms = meta["switch_interval_ms"]
         parts.append(f"switch interval {ms:g} ms while serving")
+    if "gc_full_collections" in meta:
+        frozen = "frozen" if meta.get("gc_frozen_between_jobs") else "not frozen (`--no-gc-freeze`)"
+        parts.append(
+            f"{meta['gc_full_collections']} full GC collections in this process during their "
+            f"measured jobs, {meta['gc_full_s'] * 1e3:.0f} ms in all (the run's records {frozen} "
+            "between jobs)"
+        )
     return f" Threaded modes: {', '.join(parts)}." if parts else ""
 
 
@@ -178,9 +185,10 @@ def _busy_setup(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if not load or not any(r["busy"] for r in rows):
         return ""
     work = load.get("work", "python")
+    describes = BUSY_WORK[work].describes if work in BUSY_WORK else "?"
     text = (
         f" Busy actor: a {load['slice_s'] * 1e3:g} ms slice every {load['period_s'] * 1e3:g} ms "
-        f"blocks its loop (`--busy-work {work}`: {BUSY_WORK.get(work, '?')})"
+        f"blocks its loop (`--busy-work {work}`: {describes})"
     )
     if load["refit_every_s"] > 0:
         text += (

@@ -17,6 +17,7 @@ from typing import Any
 
 from loopbridge_adapters.bench.args import requests_for
 from loopbridge_adapters.bench.console import Console, tail
+from loopbridge_adapters.bench.gc_clock import GcClock, settle
 from loopbridge_adapters.bench.load import (
     OPENAI_ENDPOINTS,
     Job,
@@ -72,6 +73,12 @@ class Scenario:
             self.rate_fraction,
             self.own_loop,
         )
+
+    @property
+    def workload(self) -> str:
+        """The requests it serves: its idle twin's key (a busy scenario replays the
+        twin's lengths and arrivals in each round, so the two differ by the load alone)."""
+        return replace(self, busy=False, own_loop=False).key
 
 
 def _endpoints(args: argparse.Namespace) -> list[str]:
@@ -331,6 +338,7 @@ class _Run:
             self.stock = StockServer(eargs, (console.log_dir or self.out) / STOCK_LOG)
             check_stock_argv(self.stock.argv, eargs)  # before anything starts: same engine
         self.load_proc = LoadProcess()
+        self.gc_clock = GcClock()
         self.probe = StageProbe().install() if args.stages == "on" else None
         threaded = tuple(m for m in self.modes if m != "stock")
         spec = _placed(self.spec, self.placement["threaded"]) if threaded else self.spec
@@ -436,8 +444,9 @@ class _Run:
             output_len=args.output_len,
             stream=sc.stream,
             timeout_s=args.timeout,
-            # Lengths and arrivals: the same for every mode of a round and scenario.
-            seed=job_seed(args.seed, cell),
+            # Lengths and arrivals: the same for every mode of a round and scenario,
+            # and for a busy scenario and its idle twin.
+            seed=job_seed(args.seed, cell, sc.workload),
             first_id=self.next_id,
             lengths=args.lengths,
             shared_prefix=args.shared_prefix,
@@ -446,9 +455,10 @@ class _Run:
         )
         self.next_id += n
         self.jobs.append(job)
-        cpu0 = _server_cpu(mode, stock)
+        cpu0, gc0 = _server_cpu(mode, stock), self.gc_clock.snapshot()
         wall, samples, client_cpu = self.load_proc.run(job)
         cpu = _server_cpu(mode, stock) - cpu0
+        gc_full, gc_full_s = self.gc_clock.since(gc0)
         died = (stock is None or not stock.alive) if mode == "stock" else not self.stack.healthy
         probe = self.probe
         ok = [s for s in samples if s.error is None]
@@ -470,10 +480,14 @@ class _Run:
             offered_rps=rate or None,
             # Stock: the client's own stage only (its server is another process).
             stages=_stages(probe, ok) if probe is not None else [],
+            # Full collections in this process during the job (stock's: not its server's).
+            extra={"gc_full": gc_full, "gc_full_s": gc_full_s},
         )
         self.records.append(rec)
         self.partial.write(json.dumps(rec.as_json()) + "\n")
         self.partial.flush()
+        if args.gc_freeze:
+            settle()  # the records so far: never walked by a collection during a later job
         if died:
             self._died(mode, sc)
 
@@ -531,6 +545,7 @@ class _Run:
         if self.stock is not None:
             self.stock.stop()
         self.load_proc.close()
+        self.gc_clock.close()
         if self.probe is not None:
             self.probe.uninstall()
         self.load_avg["end"] = list(os.getloadavg())
@@ -581,6 +596,7 @@ def _engine_name(args: argparse.Namespace) -> str:
 def _meta(r: _Run) -> dict[str, Any]:
     """What ``latency.json`` says about the run besides its figures: a declarative table."""
     args, stock, kv = r.args, r.stock, r.kv
+    measured = [rec for rec in r.records if not rec.warmup and rec.mode != "stock"]
     block = int((kv.get("threaded") or kv.get("correctness") or {}).get("block_size") or 0)
     return {
         "engine": _engine_name(args),
@@ -633,6 +649,10 @@ def _meta(r: _Run) -> dict[str, Any]:
         "switch_interval_ms": r.switch_ms,
         "owner_loop": r.stack.owner_kind,
         "stages": args.stages,
+        "gc_frozen_between_jobs": args.gc_freeze,
+        # In this process during the measured jobs of the threaded modes.
+        "gc_full_collections": int(sum(r.extra["gc_full"] for r in measured)),
+        "gc_full_s": sum(r.extra["gc_full_s"] for r in measured),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),

@@ -38,6 +38,7 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from ._stages import StageProbe, TimedClient
 
 __all__ = [
     "BUSY_WORK",
+    "BusyWork",
     "OURS",
     "THREADED_MODES",
     "BusyLoad",
@@ -65,11 +67,53 @@ THREADED_MODES = ("unsafe", "per-hop", "loopbridge", "on-engine-loop")
 #: The modes that are loopbridge's own (what the report compares with the baselines).
 OURS = ("loopbridge", "on-engine-loop")
 SERVED_NAME = "bench"
-#: ``--busy-work``: what one slice of the busy actor runs while it blocks its loop.
+
+
+def _spin(seconds: float) -> int:
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+#: 64 KiB: CPython's hashlib hashes anything over 2 KiB with the GIL released.
+_HASHED = bytes(1 << 16)
+
+
+def _hash(seconds: float) -> int:
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        hashlib.sha256(_HASHED).digest()
+        n += 1
+    return n
+
+
+def _wait(seconds: float) -> int:
+    time.sleep(seconds)
+    return 1
+
+
+@dataclass(frozen=True)
+class BusyWork:
+    """One kind of ``--busy-work``: what a slice runs while it blocks the actor's loop."""
+
+    describes: str  # for the option's help and the report's first paragraph
+    run: Callable[[float], int]  # blocks the calling thread for that many seconds
+
+
+#: ``--busy-work``, by name: the one table the option, the load and the report read.
 BUSY_WORK = {
-    "python": "pure Python, which holds the GIL, so every other thread waits: the worst case",
-    "native": "hashing in C with the GIL released, a core busy, as torch's CPU kernels",
-    "wait": "a blocking wait with the GIL released, as a training step waiting on its device",
+    "python": BusyWork(
+        "pure Python, which holds the GIL, so every other thread waits: the worst case", _spin
+    ),
+    "native": BusyWork(
+        "hashing in C with the GIL released, a core busy, as torch's CPU kernels", _hash
+    ),
+    "wait": BusyWork(
+        "a blocking wait with the GIL released, as a training step waiting on its device", _wait
+    ),
 }
 
 
@@ -111,37 +155,8 @@ class BusyLoad:
         return (self.slice_s > 0 and self.period_s > 0) or (self.refit_every_s > 0)
 
 
-def _spin(seconds: float) -> int:
-    end = time.perf_counter() + seconds
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
-    return n
-
-
-#: 64 KiB: CPython's hashlib hashes anything over 2 KiB with the GIL released.
-_HASHED = bytes(1 << 16)
-
-
-def _hash(seconds: float) -> int:
-    end = time.perf_counter() + seconds
-    n = 0
-    while time.perf_counter() < end:
-        hashlib.sha256(_HASHED).digest()
-        n += 1
-    return n
-
-
-def _wait(seconds: float) -> int:
-    time.sleep(seconds)
-    return 1
-
-
-_SLICES = {"python": _spin, "native": _hash, "wait": _wait}
-
-
 async def _busy(engine: Any, load: BusyLoad, counters: dict[str, int]) -> None:
-    run_slice = _SLICES[load.work]
+    run_slice = BUSY_WORK[load.work].run
 
     async def cpu() -> None:
         while True:
