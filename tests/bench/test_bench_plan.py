@@ -160,6 +160,11 @@ def test_switch_interval_option(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"a positive number of ms or off, not '{bad}'" in capsys.readouterr().err
 
 
+def test_the_records_are_frozen_between_jobs_unless_told() -> None:
+    assert parse_args([]).gc_freeze is True
+    assert parse_args(["--no-gc-freeze"]).gc_freeze is False
+
+
 def test_lognormal_lengths_are_seeded_bounded_and_right_skewed() -> None:
     job = _job(lengths="lognormal", prompt_len=256, output_len=128, requests=4000, seed=7)
     lengths = [request_lengths(job, i) for i in range(4000)]

@@ -196,6 +196,16 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     # Server CPU is read in clock ticks (10 ms): a 4-request job may read 0, a run may not.
     for mode in modes:
         assert sum(r["server_cpu_s"] for r in result["records"] if r["mode"] == mode) > 0
+    # Full collections during each job are counted; the run's records were frozen between
+    # jobs, and the report says how many ran while the threaded modes were measured.
+    assert all(r["gc_full"] >= 0 and r["gc_full_s"] >= 0 for r in result["records"])
+    measured = [r for r in result["records"] if not r["warmup"] and r["mode"] != "stock"]
+    assert meta["gc_frozen_between_jobs"] is True
+    assert meta["gc_full_collections"] == sum(r["gc_full"] for r in measured)
+    assert (
+        f"{meta['gc_full_collections']} full GC collections in this process during their "
+        "measured jobs" in (out / "latency.md").read_text()
+    )
     # Every request of the run had a prompt of its own (stock's, every mode's, every round's).
     sent = [s for rec in result["records"] for s in rec["samples"]]
     hashes = [s["prompt_hash"] for s in sent]
