@@ -39,13 +39,14 @@ import errno
 import importlib
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from .switch_interval import DEFAULT_SWITCH_INTERVAL_S, parse_switch_interval_ms
 
 __all__ = [
     "OptionTable",
     "Refusal",
+    "ServerLoopOptions",
     "UsageError",
     "add_listen_options",
     "add_loop_options",
@@ -255,15 +256,23 @@ def switch_interval(opts: argparse.Namespace) -> float | None:
     return None if ms is None else ms / 1e3
 
 
-def server_loop_options(opts: argparse.Namespace) -> dict[str, Any]:
+class ServerLoopOptions(TypedDict):
+    """The keyword arguments of an adapter server that say where and how it serves."""
+
+    use_uvloop: bool | None
+    on_engine_loop: bool
+    switch_interval: float | None
+
+
+def server_loop_options(opts: argparse.Namespace) -> ServerLoopOptions:
     """What :func:`add_loop_options` parsed, as an adapter server's ``use_uvloop``,
     ``on_engine_loop`` and ``switch_interval`` (a server on the owner loop takes no
     loop choice of its own: ``use_uvloop`` None)."""
-    return {
-        "use_uvloop": None if opts.on_engine_loop else opts.server_uvloop,
-        "on_engine_loop": opts.on_engine_loop,
-        "switch_interval": switch_interval(opts),
-    }
+    return ServerLoopOptions(
+        use_uvloop=None if opts.on_engine_loop else opts.server_uvloop,
+        on_engine_loop=opts.on_engine_loop,
+        switch_interval=switch_interval(opts),
+    )
 
 
 def report_usage_error(exc: UsageError) -> int:
