@@ -266,7 +266,10 @@ def idle_scenario(scenario: str) -> str | None:
 def _own_loop_check(r: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Row ``r``'s check against its idle scenario, where ``r`` is a ``-busy-own-loop``
     row and the run has that scenario for its mode."""
-    key = (idle_scenario(r["scenario"]), r["mode"])
+    idle_name = idle_scenario(r["scenario"])
+    if idle_name is None:
+        return []
+    key = (idle_name, r["mode"])
     idle = next((x for x in rows if (x["scenario"], x["mode"]) == key), None)
     if idle is None:
         return []
