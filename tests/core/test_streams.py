@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -212,6 +213,8 @@ def test_asend_and_window_validation(engine: Engine) -> None:
 # ``recv()`` gets them.  There was no way to turn it off, and the loss was not
 # counted.
 N = 50
+#: The item a batched stream holds once it has read one past the two a test takes.
+READ_AHEAD_MARK = 5
 
 
 @lb.loop_affine(read_ahead={"declared": 0})
@@ -222,6 +225,8 @@ class Socket:
         self.incoming: asyncio.Queue[int] = asyncio.Queue()
         for i in range(N):
             self.incoming.put_nowait(i)
+        # Set once messages() has taken READ_AHEAD_MARK off the queue: a test's hook.
+        self.took_mark = threading.Event()
 
     def __aiter__(self) -> Socket:
         return self
@@ -241,7 +246,10 @@ class Socket:
 
     async def messages(self) -> AsyncIterator[int]:  # undeclared: batched
         while True:
-            yield await self.incoming.get()
+            item = await self.incoming.get()
+            if item == READ_AHEAD_MARK:
+                self.took_mark.set()
+            yield item
 
 
 @pytest.fixture
@@ -252,9 +260,11 @@ def sock(owner: lb.LoopThread) -> Socket:
     return owner.run(make)
 
 
-async def _take_two(stream: Any) -> list[int]:
+async def _take_two(stream: Any, before_close: threading.Event | None = None) -> list[int]:
     it = stream.__aiter__()
     got = [await it.__anext__(), await it.__anext__()]
+    if before_close is not None:
+        await until_set(before_close)
     await it.aclose()  # waits for the owner side to stop
     return got
 
@@ -287,7 +297,8 @@ def test_per_call_read_ahead_and_the_count_of_what_was_lost(sock: Socket) -> Non
     async def main() -> tuple[list[int], int, list[int], int]:
         exact = await _take_two(lb.read_ahead(p.messages(), 0))  # this call: none ahead
         after_exact = await p.recv()
-        batched = await _take_two(p.messages())  # default for a generator: batched
+        # Default for a generator: batched. Closed once it has read an item ahead.
+        batched = await _take_two(p.messages(), before_close=sock.took_mark)
         return exact, after_exact, batched, await p.left()
 
     exact, after_exact, batched, left = asyncio.run(main())
