@@ -361,7 +361,13 @@ def test_tpot_itl_cpu_and_their_ratios() -> None:
     (line,) = headlines(rows)
     assert line.startswith("stream-c2: loopbridge vs stock: TTFT p50 1.00x")
     assert "ITL p99 2.00x" in line and "CPU/req 2.00x" in line and "0 errors" in line
-    meta = {
+    table = markdown(rows, _meta())
+    assert "2 GPUs (NVIDIA H100)" in table and line in table
+    assert "| stream-c2 | loopbridge | 10.00 | 100 / 100 / 100 | 20.0 / 20.0 / 20.0 |" in table
+
+
+def _meta() -> dict[str, Any]:
+    return {
         "versions": {"vllm": "0.0", "torch": "0"},
         "python": "3",
         "prompt_len": 8,
@@ -371,9 +377,6 @@ def test_tpot_itl_cpu_and_their_ratios() -> None:
         "argv": [],
         "gpus": [{"name": "NVIDIA H100"}, {"name": "NVIDIA H100"}],
     }
-    table = markdown(rows, meta)
-    assert "2 GPUs (NVIDIA H100)" in table and line in table
-    assert "| stream-c2 | loopbridge | 10.00 | 100 / 100 / 100 | 20.0 / 20.0 / 20.0 |" in table
 
 
 def test_max_model_len_default_with_a_model(
@@ -397,3 +400,24 @@ def test_max_model_len_default_with_a_model(
     with pytest.raises(SystemExit):
         parse_args(["--model", model(512), "--prompt-len", "600"])
     assert "exceeds the model's context (512)" in capsys.readouterr().err
+
+
+def test_each_jobs_ttft_is_reported_in_round_order() -> None:
+    """A mode whose second job ran a step slower throughout: the pooled p99 takes the
+    slow job's tail, and the job table shows which job it was."""
+    from loopbridge_adapters.bench.summary import job_lines
+
+    def job(round_: int, ttft: float) -> JobRecord:
+        r = _rec("loopbridge", ttft, 0.01, 1.0)
+        r.round = round_
+        return r
+
+    rows = summarize([_rec("stock", 0.011, 0.01, 1.0), job(0, 0.011), job(1, 0.016)])
+    ours = rows[1]
+    assert ours["ttft_rounds"] == [[0.011, 0.011], [0.016, 0.016]]
+    assert math.isclose(ours["ttft_p99"], 0.016)
+    lines = job_lines(rows)
+    assert lines[0].startswith("Each job's TTFT, ms, p50 / p99, in round order")
+    assert lines[-1] == "| stream-c2 | loopbridge | 11.0 / 11.0, 16.0 / 16.0 |"
+    assert not any("| stock |" in line for line in lines)  # one job: nothing to compare
+    assert "| stream-c2 | loopbridge | 11.0 / 11.0, 16.0 / 16.0 |" in markdown(rows, _meta())

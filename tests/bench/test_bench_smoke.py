@@ -495,8 +495,8 @@ def test_requests_per_job_and_stock_flags() -> None:
     args = parse_args([])
     assert args.concurrency == [1, 16, 64] and args.stream == "both"
     assert args.modes == ["stock", "unsafe", "per-hop", "loopbridge", "on-engine-loop"]
-    assert [requests_for(args, c, False) for c in (1, 16, 64)] == [16, 128, 128]
-    assert [requests_for(args, c, True) for c in (1, 16, 64)] == [4, 32, 64]
+    assert [requests_for(args, c, False) for c in (1, 16, 64, 128)] == [16, 256, 1024, 1024]
+    assert [requests_for(args, c, True) for c in (1, 16, 64)] == [4, 64, 256]
     fixed = parse_args(["--requests", "40", "--no-stream"])
     assert fixed.stream == "off" and requests_for(fixed, 64, False) == 40
     assert _flag("enforce_eager", True) == ["--enforce-eager"]

@@ -20,6 +20,7 @@ __all__ = [
     "add_round_options",
     "ints",
     "requests_for",
+    "requests_meta",
     "resolve_load_defaults",
 ]
 
@@ -27,6 +28,15 @@ __all__ = [
 DEFAULT_CONCURRENCY = (1, 16, 64)
 #: Requests per job under ``--quick`` unless ``--requests`` says otherwise.
 QUICK_REQUESTS = 8
+#: Requests per worker of a job outside ``--quick``, and the bounds of their product.
+#: Sixteen closed-loop waves per job up to c = 64, so three rounds' pooled p99 has
+#: about 8 samples above it at c = 16 and 30 at c = 64. The former 8 per worker within
+#: 16..128 gave two waves at c = 64: a job's p99 was about its largest first token, and
+#: the tail came and went between runs (docs/performance.md, the sixth round).
+PER_WORKER = 16
+REQUESTS_BOUNDS = (16, 1024)
+#: What ``meta["requests"]`` and ``--help`` say when ``--requests`` is not given.
+REQUESTS_DEFAULT_TEXT = f"{PER_WORKER} per worker, {REQUESTS_BOUNDS[0]} to {REQUESTS_BOUNDS[1]}"
 
 
 def ints(text: str) -> list[int]:
@@ -52,7 +62,7 @@ def add_load_options(ap: argparse.ArgumentParser) -> None:
         "--requests",
         type=int,
         default=None,
-        help="requests per mode, scenario and round (default 8 per worker, 16 to 128)",
+        help=f"requests per mode, scenario and round (default {REQUESTS_DEFAULT_TEXT})",
     )
     ap.add_argument(
         "--concurrency", type=ints, default=None, help="comma-separated (default 1,16,64)"
@@ -90,10 +100,17 @@ def resolve_load_defaults(args: argparse.Namespace, *, quick_concurrency: list[i
 
 
 def requests_for(args: argparse.Namespace, c: int, warmup: bool) -> int:
-    """Requests per job: ``--requests``, or 8 per worker within 16..128.
+    """Requests per job: ``--requests``, or :data:`PER_WORKER` per worker within
+    :data:`REQUESTS_BOUNDS`.
 
     A warm-up job only needs every connection and code path used once or twice: a
     quarter of that, at least one per worker.
     """
-    n: int = args.requests if args.requests is not None else max(16, min(128, 8 * c))
+    low, high = REQUESTS_BOUNDS
+    n: int = args.requests if args.requests is not None else max(low, min(high, PER_WORKER * c))
     return min(n, max(c, n // 4)) if warmup else n
+
+
+def requests_meta(args: argparse.Namespace) -> int | str:
+    """``meta["requests"]``: the fixed count, or how the default scales."""
+    return args.requests if args.requests is not None else REQUESTS_DEFAULT_TEXT

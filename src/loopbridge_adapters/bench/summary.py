@@ -31,6 +31,7 @@ __all__ = [
     "client_line",
     "client_share",
     "errors_check",
+    "job_lines",
     "ms",
     "percentile",
     "ratio",
@@ -153,6 +154,10 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
     cpu = [r.server_cpu_s for r in recs if r.server_cpu_s is not None]
     client = [(r.client_cpu_s, r.wall_s) for r in recs if r.client_cpu_s is not None]
     p99_rounds = [percentile([s.e2e for s in r.samples if s.error is None], 99) for r in recs]
+    ttft_rounds = [
+        [percentile(xs, 50), percentile(xs, 99)]
+        for xs in ([s.ttft for s in r.samples if s.error is None] for r in recs)
+    ]
     row: dict[str, Any] = {
         "scenario": first.key,
         "stream": first.stream,
@@ -177,12 +182,37 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
         # near 1, the client, not the server, sets the latencies.
         "client_cpu_share": client_share(client),
         "e2e_p99_rounds": p99_rounds,
+        # Each job's TTFT p50 and p99, in round order: a job that ran a whole step
+        # slower than its neighbours shows here, where the pooled figures hide it.
+        "ttft_rounds": ttft_rounds,
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
         for q in (50, 95, 99):
             row[f"{name}_p{q}"] = percentile(xs, q)
         row[f"{name}_max"] = max(xs) if xs else math.nan
     return row
+
+
+def job_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A table of each job's TTFT p50 / p99 in round order, for rows of more than one job.
+
+    The pooled percentiles weigh every job alike; a job that ran slower throughout (the
+    load's phase against the engine's steps, a neighbour on the machine) moves them, and
+    this table shows which jobs did.
+    """
+    multi = [r for r in rows if len(r.get("ttft_rounds", ())) > 1]
+    if not multi:
+        return []
+    lines = [
+        "Each job's TTFT, ms, p50 / p99, in round order:",
+        "",
+        "| scenario | mode | jobs |",
+        "|---|---|---|",
+    ]
+    for r in multi:
+        jobs = ", ".join(f"{ms(p50)} / {ms(p99)}" for p50, p99 in r["ttft_rounds"])
+        lines.append(f"| {r['scenario']} | {r['mode']} | {jobs} |")
+    return lines
 
 
 def client_share(jobs: Sequence[tuple[float, float]]) -> float:

@@ -12,6 +12,7 @@ from loopbridge_adapters.bench.summary import (
     STOCK_TARGETS,
     check_targets,
     errors_check,
+    job_lines,
     ms,
     three,
     times,
@@ -125,6 +126,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         if r["mode"] == "loopbridge":
             cells = [times(r.get(key)) for _, key, _ in _RATIOS]
             lines.append(f"| {r['scenario']} | {' | '.join(cells)} |")
+    jobs = job_lines(rows)
+    if jobs:
+        lines += ["", *jobs]
     lines += ["", *_targets(rows, every=True)]
     lines += ["", f"Command: `python -m loopbridge_sglang.bench {' '.join(meta['argv'])}`".rstrip()]
     return "\n".join(lines)

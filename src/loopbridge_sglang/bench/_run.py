@@ -24,6 +24,7 @@ from loopbridge_adapters.bench.args import (
     add_load_options,
     add_round_options,
     requests_for,
+    requests_meta,
     resolve_load_defaults,
 )
 from loopbridge_adapters.bench.console import Console
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         "endpoint": "/generate",
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
-        "requests": args.requests if args.requests is not None else "8 per worker, 16..128",
+        "requests": requests_meta(args),
         "concurrency": args.concurrency,
         "rounds": args.rounds,
         "warmup_rounds": args.warmup_rounds,

@@ -20,6 +20,7 @@ from loopbridge_adapters.bench.summary import (
     check_targets,
     client_line,
     errors_check,
+    job_lines,
     percentile,
     ratio,
     scenario_key,
@@ -127,6 +128,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{_x(r.get('rate_vs_stock'))} | {_x(r.get('cpu_per_request_vs_stock'))} | "
             f"{_x(r.get('p99_vs_perhop'))} |"
         )
+    jobs = job_lines(rows)
+    if jobs:
+        lines += ["", *jobs]
     checks = target_checks(rows)
     if checks:
         met = sum(1 for c in checks if c["met"])

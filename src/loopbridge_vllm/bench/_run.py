@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loopbridge_adapters.bench.args import requests_for
+from loopbridge_adapters.bench.args import requests_for, requests_meta
 from loopbridge_adapters.bench.console import Console, tail
 from loopbridge_adapters.bench.gc_clock import GcClock, settle
 from loopbridge_adapters.bench.load import (
@@ -612,7 +612,7 @@ def _meta(r: _Run) -> dict[str, Any]:
             "output": length_bounds(args.output_len, args.lengths),
         },
         "max_model_len": args.max_model_len,
-        "requests": args.requests if args.requests is not None else "8 per worker, 16..128",
+        "requests": requests_meta(args),
         "concurrency": args.concurrency,
         "rate_fractions": args.rate_fractions,
         "capacity_rps": r.capacity,
