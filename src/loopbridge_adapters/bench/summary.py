@@ -153,10 +153,11 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
     tok_rates = [r.tokens / r.wall_s for r in recs if r.wall_s > 0]
     cpu = [r.server_cpu_s for r in recs if r.server_cpu_s is not None]
     client = [(r.client_cpu_s, r.wall_s) for r in recs if r.client_cpu_s is not None]
-    p99_rounds = [percentile([s.e2e for s in r.samples if s.error is None], 99) for r in recs]
+    per_job = [[s for s in r.samples if s.error is None] for r in recs]
+    p99_rounds = [percentile([s.e2e for s in job], 99) for job in per_job]
     ttft_rounds = [
         [percentile(xs, 50), percentile(xs, 99)]
-        for xs in ([s.ttft for s in r.samples if s.error is None] for r in recs)
+        for xs in ([s.ttft for s in job] for job in per_job)
     ]
     row: dict[str, Any] = {
         "scenario": first.key,
@@ -194,7 +195,8 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
 
 
 def job_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """A table of each job's TTFT p50 / p99 in round order, for rows of more than one job.
+    """A table of each job's TTFT p50 / p99 in round order, for rows of more than one job,
+    after a blank line (none of either when no row has more than one job).
 
     The pooled percentiles weigh every job alike; a job that ran slower throughout (the
     load's phase against the engine's steps, a neighbour on the machine) moves them, and
@@ -204,6 +206,7 @@ def job_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     if not multi:
         return []
     lines = [
+        "",
         "Each job's TTFT, ms, p50 / p99, in round order:",
         "",
         "| scenario | mode | jobs |",

@@ -126,9 +126,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         if r["mode"] == "loopbridge":
             cells = [times(r.get(key)) for _, key, _ in _RATIOS]
             lines.append(f"| {r['scenario']} | {' | '.join(cells)} |")
-    jobs = job_lines(rows)
-    if jobs:
-        lines += ["", *jobs]
+    lines += job_lines(rows)
     lines += ["", *_targets(rows, every=True)]
     lines += ["", f"Command: `python -m loopbridge_sglang.bench {' '.join(meta['argv'])}`".rstrip()]
     return "\n".join(lines)

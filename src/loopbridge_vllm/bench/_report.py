@@ -128,9 +128,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{_x(r.get('rate_vs_stock'))} | {_x(r.get('cpu_per_request_vs_stock'))} | "
             f"{_x(r.get('p99_vs_perhop'))} |"
         )
-    jobs = job_lines(rows)
-    if jobs:
-        lines += ["", *jobs]
+    lines += job_lines(rows)
     checks = target_checks(rows)
     if checks:
         met = sum(1 for c in checks if c["met"])
