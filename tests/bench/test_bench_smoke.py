@@ -597,7 +597,7 @@ def test_a_job_record_comes_back_from_its_json() -> None:
     sample = Sample(start=0.0, ttft=0.01, e2e=0.2, tokens=4, itl=[0.005], written_at=1.5)
     rec = JobRecord(
         round=1, warmup=False, mode="loopbridge", stream=True, concurrency=2, wall_s=1.0,
-        samples=[sample], client_cpu_s=0.1, stages=[{"engine (input, queue, step)": 0.01}],
+        samples=[sample], client_cpu_s=0.1, stages=[{"engine step": 0.01}],
         extra={"gc_full": 2.0},
     )  # fmt: skip
     assert JobRecord.from_json(json.loads(json.dumps(rec.as_json()))) == rec

@@ -85,6 +85,51 @@ def test_install_patches_vllm_and_uninstall_restores_it() -> None:
     assert RequestResponseCycle.__init__ is parsed
 
 
+class _Processor:
+    """vLLM's ``OutputProcessor.process_outputs``, as the probe's wrapper sees it."""
+
+    def process_outputs(self, outputs: Any, engine_core_timestamp: Any = None) -> str:
+        return "processed"
+
+
+def test_output_marks_take_the_engines_first_queued_and_scheduled_events() -> None:
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
+
+    probe = StageProbe()
+    process = probe._process(_Processor)
+    kinds = EngineCoreEventType
+    events = [
+        EngineCoreEvent(kinds.QUEUED, 1.0),
+        EngineCoreEvent(kinds.SCHEDULED, 2.0),
+        EngineCoreEvent(kinds.PREEMPTED, 2.5),  # no mark of its own
+        EngineCoreEvent(kinds.QUEUED, 3.0),  # queued again after the preemption: not moved
+    ]
+    first = EngineCoreOutput(request_id="cmpl-lb3-0", new_token_ids=[7], events=events)
+    assert process(_Processor(), [first], 4.0) == "processed"
+    # A later output of the request (no events without stats): moves nothing.
+    later = EngineCoreOutput(request_id="cmpl-lb3-0", new_token_ids=[8], events=None)
+    process(_Processor(), [later], 9.0)
+    marks = probe.marks[3]
+    assert (marks["core_queued"], marks["core_scheduled"], marks["core_out"]) == (1.0, 2.0, 4.0)
+    assert set(marks) == {"core_queued", "core_scheduled", "core_out", "handler_in", "handler_out"}
+    assert stages_of({"owner_start": 0.5, **marks})["to the engine's queue"] == 0.5
+
+
+def test_the_stage_probe_turns_vllms_stats_on_in_both_engines(tmp_path: Path) -> None:
+    """The EngineCore records its events only with stats on: ``--stages on`` turns them
+    on in the threaded stack's engine and, from the same arguments, in stock's."""
+    from loopbridge_vllm.bench._args import parse_args
+    from loopbridge_vllm.bench._run import _spec
+    from loopbridge_vllm.bench._stack import engine_args
+    from loopbridge_vllm.bench._stock import stock_argv
+
+    for stages, on in (("on", True), ("off", False)):
+        spec = _spec(parse_args(["--stages", stages, "--cache-dir", str(tmp_path)]))
+        eargs = engine_args(spec, tmp_path)
+        assert spec.log_stats is on and eargs.disable_log_stats is not on
+        assert ("--disable-log-stats" in stock_argv(eargs, "127.0.0.1", 1)) is not on
+
+
 class _Client:
     """An engine client whose stream the test steps through."""
 
@@ -171,7 +216,7 @@ def test_stage_rows_pool_measured_requests_per_scenario_and_mode() -> None:
     assert set(by) == {("stream-c16", "loopbridge"), ("stream-c16", "per-hop")}
     cell = by["stream-c16", "loopbridge"]["output handler"]
     assert cell["n"] == 3 and cell["p50_ms"] == pytest.approx(2.0)
-    assert by["stream-c16", "loopbridge"]["engine (input, queue, step)"]["n"] == 0
+    assert by["stream-c16", "loopbridge"]["engine step"]["n"] == 0
     table = stages_markdown(rows)
     assert any(line.startswith("| stream-c16 | per-hop | ") for line in table)
     assert stages_markdown([]) == []
@@ -184,8 +229,8 @@ def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
     def sample(ttft: float) -> Sample:
         return Sample(start=0.0, ttft=ttft, e2e=ttft, tokens=1)
 
-    fast = {"client before sending": 0.002, "engine (input, queue, step)": 0.010}
-    slow = {"client before sending": 0.032, "engine (input, queue, step)": 0.010}
+    fast = {"client before sending": 0.002, "engine step": 0.010}
+    slow = {"client before sending": 0.032, "engine step": 0.010}
     samples = [sample(0.012) for _ in range(98)] + [sample(0.042), sample(0.042)]
     failed = Sample(start=0.0, ttft=9.0, e2e=9.0, tokens=0, error="boom")  # no stages
     rec = JobRecord(
@@ -208,7 +253,7 @@ def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
         12.0
     )
     assert row["client before sending"]["excess_ms"] == pytest.approx(30.0)
-    assert row["engine (input, queue, step)"]["excess_ms"] == pytest.approx(0.0)
+    assert row["engine step"]["excess_ms"] == pytest.approx(0.0)
     table = tail_markdown([row])
     assert "| stream-c16 | loopbridge | 42.0 / 12.0 | **+30.0** | " in table[-1]
     # A stage no request has (here: all but the two above) has no figure.

@@ -183,8 +183,8 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
         # near 1, the client, not the server, sets the latencies.
         "client_cpu_share": client_share(client),
         "e2e_p99_rounds": p99_rounds,
-        # Each job's TTFT p50 and p99, in round order: a job that ran a whole step
-        # slower than its neighbours shows here, where the pooled figures hide it.
+        # Each job's TTFT p50 and p99, in round order: a job that ran slower than its
+        # neighbours throughout shows here, where the pooled figures hide it.
         "ttft_rounds": ttft_rounds,
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
@@ -198,9 +198,9 @@ def job_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     """A table of each job's TTFT p50 / p99 in round order, for rows of more than one job,
     after a blank line (none of either when no row has more than one job).
 
-    The pooled percentiles weigh every job alike; a job that ran slower throughout (the
-    load's phase against the engine's steps, a neighbour on the machine) moves them, and
-    this table shows which jobs did.
+    The pooled percentiles weigh every job alike; a job that ran slower throughout (a
+    slow period of the machine, which a closed loop feeds back into every next request)
+    moves them, and this table shows which jobs did.
     """
     multi = [r for r in rows if len(r.get("ttft_rounds", ())) > 1]
     if not multi:

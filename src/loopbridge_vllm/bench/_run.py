@@ -120,6 +120,7 @@ def _spec(args: argparse.Namespace) -> EngineSpec:
         max_model_len=args.max_model_len or 0,
         engine_args=tuple(args.engine_arg),
         prefix_caching=prefix_caching(args),
+        log_stats=args.stages == "on",
     )
 
 

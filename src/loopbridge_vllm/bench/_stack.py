@@ -128,6 +128,9 @@ class EngineSpec:
     max_model_len: int  # 0: the model's own
     engine_args: tuple[tuple[str, Any], ...] = ()
     prefix_caching: bool = False  # off: no request is cheaper for another's prompt
+    # vLLM's stats (its default), off unless the stage probe needs the EngineCore's
+    # QUEUED / SCHEDULED events; stock's ``vllm serve`` follows the same setting.
+    log_stats: bool = False
     env: tuple[tuple[str, str], ...] = ()  # set before the engine starts (its devices)
 
 
@@ -381,7 +384,7 @@ def engine_overrides(spec: EngineSpec) -> dict[str, Any]:
     overrides: dict[str, Any] = {
         "served_model_name": [SERVED_NAME],
         "max_num_seqs": spec.max_num_seqs,
-        "disable_log_stats": True,
+        "disable_log_stats": not spec.log_stats,
         "enable_prefix_caching": spec.prefix_caching,
     }
     if spec.max_model_len:

@@ -1,6 +1,6 @@
 """Where a streamed request's first token spends its time, stage by stage.
 
-Opt-in (``--stages on``): :class:`StageProbe` stamps each request at thirteen points
+Opt-in (``--stages on``): :class:`StageProbe` stamps each request at fifteen points
 on the host's monotonic clock (``time.perf_counter``, ``CLOCK_MONOTONIC``: the same
 clock in the load generator, this process and the EngineCore), keyed by the
 request's number in the run, which the load generator sends as ``X-Request-Id``
@@ -15,6 +15,8 @@ mark               where                                        thread
 ``http_in``        the ASGI app is called                       HTTP loop
 ``http_generate``  the serving layer calls ``generate``         HTTP loop
 ``owner_start``    ``AsyncLLM.generate`` starts                 owner loop [1]_
+``core_queued``    the EngineCore's scheduler takes the request EngineCore [2]_
+``core_scheduled`` ... and schedules it                         EngineCore [2]_
 ``core_out``       the EngineCore made the first token's batch  EngineCore
 ``handler_in``     the output handler starts processing it      owner loop
 ``handler_out``    ... and has put every output of that chunk   owner loop
@@ -26,6 +28,13 @@ mark               where                                        thread
 
 .. [1] the HTTP loop in the ``unsafe`` mode, which runs the engine's coroutines
    there.
+.. [2] vLLM's own ``QUEUED`` and ``SCHEDULED`` events (``EngineCoreOutput.events``),
+   which the EngineCore records only with stats on: ``--stages on`` turns vLLM's
+   stats on in every engine of the run, stock's too (``EngineSpec.log_stats``).
+   The EngineCore takes new requests only between its steps, so ``owner_start`` to
+   ``core_queued`` holds the rest of the step that was running when the request
+   reached it: about a whole step for a request that arrived just after a step
+   began, little for one that arrived just before a step ended.
 
 :data:`STAGES` names the gaps between consecutive marks.  Only the first mark of
 each name per request counts (``dict.setdefault``, atomic under the GIL), so a
@@ -96,7 +105,9 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("parsed to app call", "http_parsed", "http_in"),
     ("HTTP pre-processing", "http_in", "http_generate"),
     ("admission to owner loop", "http_generate", "owner_start"),
-    ("engine (input, queue, step)", "owner_start", "core_out"),
+    ("to the engine's queue", "owner_start", "core_queued"),
+    ("engine queue", "core_queued", "core_scheduled"),
+    ("engine step", "core_scheduled", "core_out"),
     ("to output handler", "core_out", "handler_in"),
     ("output handler", "handler_in", "handler_out"),
     ("collector wake-up", "handler_out", "owner_yield"),
@@ -169,8 +180,16 @@ class StageProbe:
         return generate
 
     def _process(self, cls: type) -> Any:
+        from vllm.v1.engine import EngineCoreEventType
+
         original = cls.process_outputs  # type: ignore[attr-defined]
         probe = self
+        # vLLM's own event types; ``PREEMPTED`` makes no mark (and a preempted
+        # request's second ``QUEUED`` moves nothing: only a first mark counts).
+        marks = {
+            EngineCoreEventType.QUEUED: "core_queued",
+            EngineCoreEventType.SCHEDULED: "core_scheduled",
+        }
 
         @functools.wraps(original)
         def process_outputs(
@@ -181,6 +200,10 @@ class StageProbe:
             t1 = _perf()
             for out in outputs:
                 rid = out.request_id
+                for event in out.events or ():
+                    name = marks.get(event.type)
+                    if name is not None:
+                        probe.mark(rid, name, event.timestamp)
                 if engine_core_timestamp is not None:
                     probe.mark(rid, "core_out", engine_core_timestamp)
                 probe.mark(rid, "handler_in", t0)
