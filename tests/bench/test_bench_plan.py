@@ -407,17 +407,28 @@ def test_each_jobs_ttft_is_reported_in_round_order() -> None:
     slow job's tail, and the job table shows which job it was."""
     from loopbridge_adapters.bench.summary import job_lines
 
-    def job(round_: int, ttft: float) -> JobRecord:
-        r = _rec("loopbridge", ttft, 0.01, 1.0)
+    def job(round_: int, ttft: float, cpu: float, client: float | None) -> JobRecord:
+        r = _rec("loopbridge", ttft, 0.01, cpu)
         r.round = round_
+        r.client_cpu_s = client
         return r
 
-    rows = summarize([_rec("stock", 0.011, 0.01, 1.0), job(0, 0.011), job(1, 0.016)])
+    slow = job(1, 0.016, 0.055, 0.012)  # ten requests: 5.5 ms and 1.2 ms of CPU each
+    rows = summarize([_rec("stock", 0.011, 0.01, 1.0), job(0, 0.011, 0.044, None), slow])
     ours = rows[1]
     assert ours["ttft_rounds"] == [[0.011, 0.011], [0.016, 0.016]]
+    assert math.isnan(ours["cpu_rounds"][0][1])  # the client's CPU was not measured
+    assert [round(x, 6) for x in ours["cpu_rounds"][1]] == [0.0055, 0.0012]
+    assert math.isclose(ours["cpu_rounds"][0][0], 0.0044)
     assert math.isclose(ours["ttft_p99"], 0.016)
     lines = job_lines(rows)
-    assert lines[0] == "" and lines[1].startswith("Each job's TTFT, ms, p50 / p99, in round order")
-    assert lines[-1] == "| stream-c2 | loopbridge | 11.0 / 11.0, 16.0 / 16.0 |"
+    assert lines[0] == "" and lines[1].startswith("Each job in round order: TTFT p50 / p99")
+    expected = "| stream-c2 | loopbridge | 11.0 / 11.0 (4.4, -), 16.0 / 16.0 (5.5, 1.2) |"
+    assert lines[-1] == expected
     assert not any("| stock |" in line for line in lines)  # one job: nothing to compare
-    assert "| stream-c2 | loopbridge | 11.0 / 11.0, 16.0 / 16.0 |" in markdown(rows, _meta())
+    assert expected in markdown(rows, _meta())
+    # A job with no CPU figure at all gets no brackets.
+    slow.server_cpu_s = slow.client_cpu_s = None
+    assert job_lines(summarize([job(0, 0.011, 0.044, None), slow]))[-1].endswith(
+        "11.0 / 11.0 (4.4, -), 16.0 / 16.0 |"
+    )

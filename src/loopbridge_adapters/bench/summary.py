@@ -159,6 +159,10 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
         [percentile(xs, 50), percentile(xs, 99)]
         for xs in ([s.ttft for s in job] for job in per_job)
     ]
+    cpu_rounds = [
+        [_per_request(r.server_cpu_s, len(job)), _per_request(r.client_cpu_s, len(job))]
+        for r, job in zip(recs, per_job)
+    ]
     row: dict[str, Any] = {
         "scenario": first.key,
         "stream": first.stream,
@@ -186,6 +190,10 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
         # Each job's TTFT p50 and p99, in round order: a job that ran slower than its
         # neighbours throughout shows here, where the pooled figures hide it.
         "ttft_rounds": ttft_rounds,
+        # Each job's CPU seconds per successful request, in the serving process and in
+        # the load generator: the client does the same work in every job, so its
+        # figure gauges the machine (more CPU for the same work in a slow period).
+        "cpu_rounds": cpu_rounds,
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
         for q in (50, 95, 99):
@@ -194,28 +202,48 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
     return row
 
 
+def _per_request(cpu_s: float | None, ok: int) -> float:
+    return cpu_s / ok if cpu_s is not None and ok else math.nan
+
+
 def job_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """A table of each job's TTFT p50 / p99 in round order, for rows of more than one job,
-    after a blank line (none of either when no row has more than one job).
+    """A table of each job's TTFT p50 / p99 and CPU per request in round order, for rows
+    of more than one job, after a blank line (none of either when no row has more than
+    one job).
 
     The pooled percentiles weigh every job alike; a job that ran slower throughout (a
     slow period of the machine, which a closed loop feeds back into every next request)
-    moves them, and this table shows which jobs did.
+    moves them, and this table shows which jobs did.  The CPU figures tell a slow
+    period from a slow server: in a slow period every process needs more CPU for the
+    same work, the load generator too, whose work is the same in every job.
     """
     multi = [r for r in rows if len(r.get("ttft_rounds", ())) > 1]
     if not multi:
         return []
     lines = [
         "",
-        "Each job's TTFT, ms, p50 / p99, in round order:",
+        "Each job in round order: TTFT p50 / p99, ms, and in brackets CPU ms per request",
+        "of the serving process and of the load generator (the same work in every job, so",
+        "a gauge of the machine):",
         "",
         "| scenario | mode | jobs |",
         "|---|---|---|",
     ]
     for r in multi:
-        jobs = ", ".join(f"{ms(p50)} / {ms(p99)}" for p50, p99 in r["ttft_rounds"])
+        jobs = ", ".join(
+            f"{ms(p50)} / {ms(p99)}{_cpu_cell(server, client)}"
+            for (p50, p99), (server, client) in zip(r["ttft_rounds"], r["cpu_rounds"])
+        )
         lines.append(f"| {r['scenario']} | {r['mode']} | {jobs} |")
     return lines
+
+
+def _cpu_cell(server: float, client: float) -> str:
+    """`` (server, client)`` in ms per request, ``-`` for a figure not measured;
+    nothing when neither was."""
+    if math.isnan(server) and math.isnan(client):
+        return ""
+    return f" ({ms(server)}, {ms(client)})"
 
 
 def client_share(jobs: Sequence[tuple[float, float]]) -> float:
