@@ -17,6 +17,8 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .threads import per_request
+
 if TYPE_CHECKING:
     from .load import Sample
     from .record import JobRecord
@@ -194,6 +196,9 @@ def _row(mode: str, recs: list[JobRecord]) -> dict[str, Any]:
         # the load generator: the client does the same work in every job, so its
         # figure gauges the machine (more CPU for the same work in a slow period).
         "cpu_rounds": cpu_rounds,
+        # The serving process's threads per successful request, by group (Linux's
+        # scheduler statistics: where a wait for the GIL or for a core shows).
+        "threads_per_request": per_request([(r.threads, r.ok) for r in recs]),
     }
     for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
         for q in (50, 95, 99):

@@ -17,6 +17,7 @@ from loopbridge_adapters.bench.summary import (
     three,
     times,
 )
+from loopbridge_adapters.bench.threads import thread_lines
 
 __all__ = ["markdown", "target_checks", "terminal_report"]
 
@@ -127,6 +128,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             cells = [times(r.get(key)) for _, key, _ in _RATIOS]
             lines.append(f"| {r['scenario']} | {' | '.join(cells)} |")
     lines += job_lines(rows)
+    lines += thread_lines(rows)
     lines += ["", *_targets(rows, every=True)]
     lines += ["", f"Command: `python -m loopbridge_sglang.bench {' '.join(meta['argv'])}`".rstrip()]
     return "\n".join(lines)

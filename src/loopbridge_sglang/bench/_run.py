@@ -32,6 +32,7 @@ from loopbridge_adapters.bench.gc_clock import GcClock, settle
 from loopbridge_adapters.bench.load import Job, LoadProcess
 from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed, rounds, versions
 from loopbridge_adapters.bench.summary import scenario_key, summarize
+from loopbridge_adapters.bench.threads import job_threads, named_threads, snapshot
 
 from ._report import markdown, target_checks, terminal_report
 from ._stack import MODES, Stack
@@ -230,9 +231,11 @@ def _job(
             first_id=first_id,
             endpoint=_ENDPOINT,
         )
+        threads0 = snapshot(os.getpid(), named_threads())
         cpu0, gc0 = time.process_time(), gc_clock.snapshot()
         wall, samples, client_cpu = load.run(job)
         cpu = time.process_time() - cpu0
+        threads = job_threads(threads0, snapshot(os.getpid(), named_threads()))
         gc_full, gc_full_s = gc_clock.since(gc0)
     return JobRecord(
         round=cell.round,
@@ -244,6 +247,7 @@ def _job(
         samples=samples,
         server_cpu_s=cpu,
         client_cpu_s=client_cpu,
+        threads=threads,
         engine_died=not stack.healthy,
         endpoint=_ENDPOINT,
         # Full (generation 2) collections in this process during the job.

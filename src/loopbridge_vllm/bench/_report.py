@@ -28,6 +28,7 @@ from loopbridge_adapters.bench.summary import (
 from loopbridge_adapters.bench.summary import ms as _ms
 from loopbridge_adapters.bench.summary import three as _three
 from loopbridge_adapters.bench.summary import times as _x
+from loopbridge_adapters.bench.threads import thread_lines
 
 from ._stack import BUSY_WORK, OURS
 
@@ -129,6 +130,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{_x(r.get('p99_vs_perhop'))} |"
         )
     lines += job_lines(rows)
+    lines += thread_lines(rows)
     checks = target_checks(rows)
     if checks:
         met = sum(1 for c in checks if c["met"])

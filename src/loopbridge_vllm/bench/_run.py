@@ -27,6 +27,7 @@ from loopbridge_adapters.bench.load import (
     request_lengths,
 )
 from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed, rounds, versions
+from loopbridge_adapters.bench.threads import job_threads, named_threads, snapshot
 
 from ._args import BUSY_CHOICES, MODES, OWNER_LOOPS, parse_args, prefix_caching
 from ._correctness import Outcome, correctness_markdown, run_correctness, verdict_lines
@@ -456,9 +457,12 @@ class _Run:
         )
         self.next_id += n
         self.jobs.append(job)
+        pid = _server_pid(mode, stock)
+        threads0 = snapshot(pid, named_threads())
         cpu0, gc0 = _server_cpu(mode, stock), self.gc_clock.snapshot()
         wall, samples, client_cpu = self.load_proc.run(job)
         cpu = _server_cpu(mode, stock) - cpu0
+        threads = job_threads(threads0, snapshot(pid, named_threads()))
         gc_full, gc_full_s = self.gc_clock.since(gc0)
         died = (stock is None or not stock.alive) if mode == "stock" else not self.stack.healthy
         probe = self.probe
@@ -473,6 +477,7 @@ class _Run:
             samples=samples,
             server_cpu_s=cpu,
             client_cpu_s=client_cpu,
+            threads=threads,
             engine_died=died,
             busy=sc.busy,
             own_loop=sc.own_loop,
@@ -673,6 +678,15 @@ def _stages(probe: StageProbe, samples: list[Sample]) -> list[dict[str, float]]:
             m["written"] = s.written_at
         out.append(stages_of(m))
     return out
+
+
+def _server_pid(mode: str, stock: StockServer | None) -> int | None:
+    """The process that serves ``mode``'s HTTP requests: ``vllm serve``'s for stock
+    (its threads have no names here: :mod:`loopbridge_adapters.bench.threads`), this
+    one for the threaded modes."""
+    if mode == "stock":
+        return stock.server_pid() if stock is not None else None
+    return os.getpid()
 
 
 def _server_cpu(mode: str, stock: StockServer | None) -> float:
