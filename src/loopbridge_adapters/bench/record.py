@@ -52,8 +52,9 @@ class JobRecord:
     offered_rps: float | None = None
     #: Per request, seconds per stage to the first token (``--stages on``; vLLM only).
     stages: list[dict[str, float]] = field(default_factory=list)
-    #: The serving process's threads during the job, by group: CPU s, run-queue wait s,
-    #: voluntary and involuntary context switches (:mod:`.threads`; Linux only).
+    #: The serving process's threads during the job, by group, in the order of
+    #: :data:`.threads.FIELDS` (CPU s, run-queue wait s, voluntary and involuntary
+    #: context switches, kernel CPU s; Linux only).
     threads: dict[str, list[float]] = field(default_factory=dict)
     #: An engine's own per-job figures, by name (SGLang: ``gc_full``, ``gc_full_s``).
     extra: dict[str, float] = field(default_factory=dict)
