@@ -80,7 +80,10 @@ def test_a_jobs_figures_are_differences_grouped_by_name() -> None:
     assert ThreadTimes(1.0, 1.0, 1, 1, 1.0) - ThreadTimes(2.0, 2.0, 2, 2, 2.0) == ThreadTimes()
 
 
-@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="Linux's per-thread scheduler statistics")
+@pytest.mark.skipif(
+    not HAS_SCHEDSTAT,
+    reason="needs Linux's per-thread scheduler statistics (/proc/<pid>/task/<tid>/schedstat)",
+)
 def test_a_real_thread_that_blocks_and_computes_shows_both() -> None:
     """A thread of this process, by its Python name: it blocks on a lock held by the
     main thread (voluntary switches) and computes (CPU time)."""

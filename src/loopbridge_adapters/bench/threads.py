@@ -39,10 +39,13 @@ __all__ = [
     "named_threads",
     "per_request",
     "snapshot",
+    "stat_fields",
     "thread_lines",
+    "TICK_S",
 ]
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+#: Seconds per clock tick, the unit of ``/proc``'s ``utime`` and ``stime``.
+TICK_S = 1 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 #: The order of a group's figures in ``latency.json``.
 FIELDS = ("cpu_s", "wait_s", "voluntary", "involuntary", "sys_s")
@@ -117,9 +120,7 @@ def _read(task: Path) -> ThreadTimes | None:
     try:
         on_cpu_ns, waiting_ns, _slices = (task / "schedstat").read_text().split()[:3]
         status = (task / "status").read_text()
-        stat = (task / "stat").read_text()
-        # After the parenthesized command name: stime is field 15.
-        sys_ticks = int(stat[stat.rindex(")") + 2 :].split()[12])
+        sys_ticks = int(stat_fields((task / "stat").read_text())[12])
     except (OSError, ValueError, IndexError):
         return None  # ended since the listing, or no scheduler statistics here
     switches = {}
@@ -132,8 +133,15 @@ def _read(task: Path) -> ThreadTimes | None:
         int(waiting_ns) / 1e9,
         switches.get("voluntary_ctxt_switches", 0),
         switches.get("nonvoluntary_ctxt_switches", 0),
-        sys_ticks / _TICKS,
+        sys_ticks * TICK_S,
     )
+
+
+def stat_fields(stat: str) -> list[str]:
+    """A ``/proc/.../stat`` line's fields after the command name, which may hold
+    spaces and brackets: index 0 is the state, 11 ``utime``, 12 ``stime`` (in clock
+    ticks: :data:`TICK_S`)."""
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def job_threads(before: Snapshot, after: Snapshot) -> dict[str, list[float]]:

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from loopbridge_adapters.bench.threads import TICK_S, stat_fields
+
 from ._group import group_members, parent_of, spawn_group
 
 __all__ = ["StockServer", "StockStartError", "stock_argv"]
@@ -191,9 +193,8 @@ class StockServer:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return 0.0
-        # After the parenthesized command name: utime and stime are fields 14 and 15.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fields = stat_fields(stat)
+        return (int(fields[11]) + int(fields[12])) * TICK_S
 
     @property
     def alive(self) -> bool:
