@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import queue
@@ -288,19 +289,50 @@ def _serve(
     answers = _Answers(push, events)
     state = answers.state
     ready.set()
+    cadence = _Cadence(step_s)
     while True:
         busy = bool(state.running) and not state.paused
-        if busy and not go.is_set():
-            timeout: int | None = _HELD_POLL_MS  # held: keep receiving, do not step
-        elif busy:
-            timeout = round(step_s * 1000)
-        else:
-            timeout = None
+        timeout = cadence.wait_ms(busy, not go.is_set(), time.monotonic())
         while poller.poll(timeout):
             answers.handle(io_struct.sock_recv(pull))
             timeout = 0
-        if state.running and not state.paused and go.is_set():
+        running = bool(state.running) and not state.paused and go.is_set()
+        if running and cadence.step_now(time.monotonic()):
             answers.step()
+
+
+@dataclass
+class _Cadence:
+    """When the stand-in steps: every ``step_s`` while requests run, as a forward pass
+    takes its time whatever arrives meanwhile. A message handled during the wait never
+    brings the next step forward (it did once, and then the step time shrank with the
+    request rate: a faster server got more steps). ``step_s`` 0: as fast as the messages
+    go."""
+
+    step_s: float
+    due: float | None = None  # when the next step is due; None: nothing running
+
+    def wait_ms(self, busy: bool, held: bool, now: float) -> int | None:
+        """How long to wait for a message: until the step is due (whole milliseconds,
+        rounded up); forever when idle; a short poll when held."""
+        if not busy:
+            self.due = None
+            return None
+        if held:
+            return _HELD_POLL_MS  # keep receiving, do not step
+        if self.due is None:
+            self.due = now + self.step_s
+        return max(0, math.ceil((self.due - now) * 1000))
+
+    def step_now(self, now: float) -> bool:
+        """Whether the running requests step at ``now``; if so, the next step is one
+        ``step_s`` later. Work that arrived at an idle stand-in steps ``step_s`` after."""
+        if self.due is None:
+            self.due = now + self.step_s
+        if now < self.due:
+            return False
+        self.due = now + self.step_s
+        return True
 
 
 class StandInScheduler:

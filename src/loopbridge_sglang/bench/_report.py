@@ -47,11 +47,13 @@ def target_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _setting(meta: dict[str, Any]) -> str:
     v = meta["versions"]
-    load = ", ".join(f"{x:.2f}" for x in meta.get("load_average", ()))
+    loads = meta.get("load_average", {})
+    start, end = (", ".join(f"{x:.2f}" for x in loads.get(k, ())) or "?" for k in ("start", "end"))
     return (
         f"SGLang {v.get('sglang', '?')}, uvicorn {v.get('uvicorn', '?')}, uvloop "
         f"{v.get('uvloop', '?')}, Python {meta['python']}, loopbridge {v.get('loopbridge', '?')}; "
-        f"{meta['cpus']} CPUs, load average {load or '?'} at the end. SGLang's real "
+        f"{meta['cpus']} CPUs, load average {start} at the start and {end} at the end. "
+        "SGLang's real "
         f"TokenizerManager (config-only tiny model, no tokenizer) against the stand-in "
         f"scheduler, {meta['step_ms']:g} ms per step; `POST /generate`, prompt "
         f"{meta['prompt_len']} tokens, output {meta['output_len']} tokens; "

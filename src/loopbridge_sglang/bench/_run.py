@@ -137,6 +137,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
     records: list[JobRecord] = []
     next_id = 0
     t_start = time.perf_counter()
+    load_start = list(os.getloadavg())
     console.phase("sglang")
     stack = Stack(args.step_ms / 1e3, freeze_gc=args.gc_freeze)
     gc_clock = GcClock()
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> dict[str, A
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "load_average": list(os.getloadavg()),
+        "load_average": {"start": load_start, "end": list(os.getloadavg())},
         "versions": _versions(),
         "elapsed_s": time.perf_counter() - t_start,
         "argv": list(args.argv),
