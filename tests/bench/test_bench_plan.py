@@ -38,6 +38,8 @@ from loopbridge_vllm.bench._run import (
     requests_for,
 )
 
+from .records import job_record
+
 
 def _job(**kw: Any) -> Job:
     base: dict[str, Any] = {
@@ -308,19 +310,7 @@ def _rec(mode: str, ttft: float, gap: float, cpu: float, *, own_loop: bool = Fal
         )
         for i in range(10)
     ]
-    return JobRecord(
-        round=0,
-        warmup=False,
-        stream=True,
-        concurrency=2,
-        busy=own_loop,
-        own_loop=own_loop,
-        mode=mode,
-        wall_s=1.0,
-        server_cpu_s=cpu,
-        engine_died=False,
-        samples=samples,
-    )
+    return job_record(mode, samples, busy=own_loop, own_loop=own_loop, server_cpu_s=cpu)
 
 
 def test_the_busy_actor_on_its_own_loop_is_checked_against_the_idle_scenario() -> None:

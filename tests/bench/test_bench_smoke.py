@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from .records import job_record
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH_BRIDGE = REPO / "benchmarks" / "bench_bridge.py"
 
@@ -536,17 +538,7 @@ def test_percentile_and_summary() -> None:
 
     def rec(mode: str, e2e: float, warmup: bool = False) -> JobRecord:
         samples = [Sample(start=0.0, ttft=e2e / 2, e2e=e2e, tokens=4, error=None)] * 10
-        return JobRecord(
-            round=0,
-            warmup=warmup,
-            stream=True,
-            concurrency=2,
-            busy=False,
-            mode=mode,
-            wall_s=1.0,
-            engine_died=False,
-            samples=samples,
-        )
+        return job_record(mode, samples, warmup=warmup)
 
     rows = summarize(
         [
@@ -595,9 +587,8 @@ def test_a_job_record_comes_back_from_its_json() -> None:
     from loopbridge_adapters.bench.record import JobRecord
 
     sample = Sample(start=0.0, ttft=0.01, e2e=0.2, tokens=4, itl=[0.005], written_at=1.5)
-    rec = JobRecord(
-        round=1, warmup=False, mode="loopbridge", stream=True, concurrency=2, wall_s=1.0,
-        samples=[sample], client_cpu_s=0.1, stages=[{"engine step": 0.01}],
+    rec = job_record(
+        samples=[sample], round=1, client_cpu_s=0.1, stages=[{"engine step": 0.01}],
         extra={"gc_full": 2.0},
     )  # fmt: skip
     assert JobRecord.from_json(json.loads(json.dumps(rec.as_json()))) == rec

@@ -33,6 +33,8 @@ from loopbridge_vllm.bench._stages import (
     tail_rows,
 )
 
+from .records import job_record
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -192,15 +194,8 @@ def test_middleware_marks_arrival_and_first_body_chunk_of_the_benchmarks_request
 
 def test_stage_rows_pool_measured_requests_per_scenario_and_mode() -> None:
     def rec(mode: str, warmup: bool, values: list[float]) -> JobRecord:
-        return JobRecord(
-            round=0,
-            warmup=warmup,
-            mode=mode,
-            stream=True,
-            concurrency=16,
-            wall_s=1.0,
-            samples=[],
-            stages=[{"output handler": v} for v in values],
+        return job_record(
+            mode, warmup=warmup, concurrency=16, stages=[{"output handler": v} for v in values]
         )
 
     rows = stage_rows(
@@ -233,19 +228,10 @@ def test_tail_rows_name_the_stage_where_the_slowest_first_tokens_wait() -> None:
     slow = {"client before sending": 0.032, "engine step": 0.010}
     samples = [sample(0.012) for _ in range(98)] + [sample(0.042), sample(0.042)]
     failed = Sample(start=0.0, ttft=9.0, e2e=9.0, tokens=0, error="boom")  # no stages
-    rec = JobRecord(
-        round=0,
-        warmup=False,
-        mode="loopbridge",
-        stream=True,
-        concurrency=16,
-        wall_s=1.0,
-        samples=[failed, *samples],
-        stages=[fast] * 98 + [slow, slow],
-    )
-    warm = JobRecord(
-        round=0, warmup=True, mode="loopbridge", stream=True, concurrency=16, wall_s=1.0,
-        samples=[sample(5.0)], stages=[{"client before sending": 5.0}],
+    rec = job_record(samples=[failed, *samples], concurrency=16, stages=[fast] * 98 + [slow, slow])
+    warm = job_record(
+        samples=[sample(5.0)], warmup=True, concurrency=16,
+        stages=[{"client before sending": 5.0}],
     )  # fmt: skip
     (row,) = tail_rows([warm, rec])
     assert (row["n"], row["tail_n"]) == (100, 2)

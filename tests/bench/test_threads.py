@@ -21,6 +21,8 @@ from loopbridge_adapters.bench.threads import (
     thread_lines,
 )
 
+from .records import job_record
+
 HAS_SCHEDSTAT = Path(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat").exists()
 
 
@@ -126,16 +128,7 @@ def _job(threads: dict[str, list[float]], ok: int = 10) -> JobRecord:
         Sample(start=0.0, ttft=0.01, e2e=0.05, tokens=4, error=None, itl=[0.01] * 3)
         for _ in range(ok)
     ]
-    return JobRecord(
-        round=0,
-        warmup=False,
-        mode="loopbridge",
-        stream=True,
-        concurrency=2,
-        wall_s=1.0,
-        samples=samples,
-        threads=threads,
-    )
+    return job_record(samples=samples, threads=threads)
 
 
 def test_the_report_gives_each_group_per_request_and_the_busiest_threads() -> None:
