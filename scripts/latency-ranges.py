@@ -113,11 +113,7 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path, help="each run's --out directory")
     args = ap.parse_args()
     runs = [json.loads((d / "latency.json").read_text()) for d in args.runs]
-    # Runs from before the SGLang benchmark recorded its start have only a list (the end).
-    loads = [
-        load.get("start", [None])[0] if isinstance(load, dict) else None
-        for load in (run["meta"].get("load_average", {}) for run in runs)
-    ]
+    loads = [run["meta"].get("load_average", {}).get("start", [None])[0] for run in runs]
     print(f"{len(runs)} runs; 1-minute load average at each start: {loads}")
     print()
     present = {r["mode"] for run in runs for r in run["rows"]}

@@ -153,6 +153,11 @@ class _State:
     running: dict[str, _Running] = field(default_factory=dict)
     paused: bool = False
 
+    @property
+    def busy(self) -> bool:
+        """Requests to step: some running, and not paused."""
+        return bool(self.running) and not self.paused
+
 
 def _reply(cls: Any, **fields: Any) -> Any:
     """An io_struct message: every required field not given is None."""
@@ -291,13 +296,12 @@ def _serve(
     ready.set()
     cadence = _Cadence(step_s)
     while True:
-        busy = bool(state.running) and not state.paused
-        timeout = cadence.wait_ms(busy, not go.is_set(), time.monotonic())
+        timeout = cadence.wait_ms(state.busy, not go.is_set(), time.monotonic())
         while poller.poll(timeout):
             answers.handle(io_struct.sock_recv(pull))
             timeout = 0
-        running = bool(state.running) and not state.paused and go.is_set()
-        if running and cadence.step_now(time.monotonic()):
+        # The messages just handled may have started, ended or paused requests.
+        if state.busy and go.is_set() and cadence.step_now(time.monotonic()):
             answers.step()
 
 
