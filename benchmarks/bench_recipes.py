@@ -15,18 +15,36 @@ Callers: ``threads`` (a pool of plain threads, as a WSGI server has) and
 uvicorn app and an in-process ``grpc.aio`` server on loopback, as in the tests,
 on the same machine: the ratio is end to end, server included.
 
+Each row also gives the process's CPU time per call (``cpu_us_per_call``,
+server included): on a busy machine throughput swings with what else runs,
+CPU per call much less, so read the two together.  ``crossings`` is how many
+times one request crosses to the owner loop each way (the baseline: once).
+The run records the load average at its start and end (``load``).
+
     python benchmarks/bench_recipes.py
     python benchmarks/bench_recipes.py --client grpc --callers loop --calls 5000 --reps 5
+
+``--profile N``: no throughput; N calls each way under cProfile, one profile
+per thread (CPU time, so waits cost nothing), printed as the owner loop's
+thread and the callers' threads, per call.  Needs Python 3.11 or older (from
+3.12 on cProfile is one profiler for the whole process)::
+
+    python3.11 benchmarks/bench_recipes.py --client grpc --callers threads --profile 2000
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import importlib.util
+import io
 import json
+import os
+import pstats
 import socket
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -105,6 +123,12 @@ class GrpcServer:
 
 
 # -------------------------------------------------------------------- clients
+#: Crossings to the owner loop per request through each recipe (the baseline's
+#: coroutine does the whole request in one): aiohttp's ``async with
+#: session.get(...)``, ``await response.json()`` and the exit are three.
+CROSSINGS = {"httpx": 1, "aiohttp": 3, "grpc": 1}
+
+
 class Client:
     """One client as the baseline uses it (``raw_call``: a coroutine run on the
     owner) and as the recipe exposes it (``bridged``, ``bridged_blocking``)."""
@@ -192,44 +216,115 @@ def loop_batch(fn: Callable[[], Awaitable[Any]], calls: int, concurrency: int) -
     return asyncio.run(main())
 
 
+def ways(c: Client, owner: lb.LoopThread, callers: str) -> dict[str, Callable[[], Any]]:
+    """One request each way, as the callers make it: a plain call (``threads``)
+    or a coroutine function (``loop``)."""
+    loop = owner.loop
+    if callers == "threads":
+        run = asyncio.run_coroutine_threadsafe
+        return {
+            "run_coroutine_threadsafe": lambda: run(c.raw_call(), loop).result(),
+            "loopbridge": c.bridged_blocking,
+        }
+
+    async def one() -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(c.raw_call(), loop))
+
+    return {"run_coroutine_threadsafe": one, "loopbridge": c.bridged}
+
+
 def measure(
     c: Client, owner: lb.LoopThread, callers: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    loop = owner.loop
+    def batch(fn: Callable[[], Any]) -> tuple[float, float]:
+        """Calls per second, and process CPU seconds per call."""
+        cpu = time.process_time()
+        if callers == "threads":
+            rate = threads_batch(fn, args.calls, args.workers)
+        else:
+            rate = loop_batch(fn, args.calls, args.concurrency)
+        return rate, (time.process_time() - cpu) / args.calls
+
+    pair = list(ways(c, owner, callers).items())
+    for _, fn in pair:
+        batch(fn)  # warm up: connections, proxy classes
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in pair}
+    for rep in range(args.reps):
+        for name, fn in pair if rep % 2 == 0 else pair[::-1]:
+            rows[name].append(batch(fn))
+    rate = {k: statistics.median(r for r, _ in v) for k, v in rows.items()}
+    cpu = {k: statistics.median(s for _, s in v) for k, v in rows.items()}
+    return {
+        "calls_per_s": {k: round(v) for k, v in rate.items()},
+        "ratio": round(rate["loopbridge"] / rate["run_coroutine_threadsafe"], 2),
+        "cpu_us_per_call": {k: round(v * 1e6) for k, v in cpu.items()},
+    }
+
+
+def profile(c: Client, owner: lb.LoopThread, callers: str, args: argparse.Namespace) -> None:
+    """``--profile``: each way's calls under one cProfile per thread (CPU time)."""
+    if sys.version_info >= (3, 12):
+        raise SystemExit("--profile needs Python 3.11 or older (one profiler per thread)")
+    width = args.workers if callers == "threads" else args.concurrency
+    calls = args.profile // width * width
+    for name, fn in ways(c, owner, callers).items():
+        on_owner = cProfile.Profile(time.thread_time_ns, 1e-9)
+        owner.loop.call_soon_threadsafe(on_owner.enable)
+        made = _profiled_batch(fn, callers, args.profile, width)
+        owner.run(_disable, on_owner)
+        for side, profs in (("owner loop", [on_owner]), ("callers", made)):
+            out = io.StringIO()
+            stats = pstats.Stats(profs[0], stream=out)
+            for p in profs[1:]:
+                stats.add(p)
+            total = stats.total_tt  # type: ignore[attr-defined]
+            print(f"== {name}, {side}: {total / calls * 1e6:.1f} us of CPU per call")
+            stats.sort_stats("tottime").print_stats(args.top)
+            print("\n".join(line for line in out.getvalue().splitlines()[4:] if line.strip()))
+
+
+def _profiled_batch(
+    fn: Callable[[], Any], callers: str, calls: int, width: int
+) -> list[cProfile.Profile]:
+    """Warm up, then ``calls`` calls of ``fn`` with a profile on each caller thread
+    (threads: around each call; a loop: its whole run); the profiles."""
+    made: list[cProfile.Profile] = []
+    here = threading.local()
+
+    def mine() -> cProfile.Profile:
+        p: cProfile.Profile | None = getattr(here, "prof", None)
+        if p is None:
+            here.prof = p = cProfile.Profile(time.thread_time_ns, 1e-9)
+            made.append(p)
+        return p
+
     if callers == "threads":
 
-        def baseline() -> float:
-            run = asyncio.run_coroutine_threadsafe
-            return threads_batch(lambda: run(c.raw_call(), loop).result(), args.calls, args.workers)
+        def call() -> Any:
+            p = mine()
+            p.enable()
+            try:
+                return fn()
+            finally:
+                p.disable()
 
-        def bridged() -> float:
-            return threads_batch(c.bridged_blocking, args.calls, args.workers)
+        threads_batch(fn, width * 4, width)
+        threads_batch(call, calls, width)
+        return made
 
-    else:
+    async def call_async() -> Any:
+        mine().enable()  # stays on: the caller loop's own work counts too
+        return await fn()
 
-        def baseline() -> float:
-            async def one() -> Any:
-                return await asyncio.wrap_future(
-                    asyncio.run_coroutine_threadsafe(c.raw_call(), loop)
-                )
+    loop_batch(fn, width * 4, width)
+    loop_batch(call_async, calls, width)
+    for p in made:
+        p.disable()
+    return made
 
-            return loop_batch(one, args.calls, args.concurrency)
 
-        def bridged() -> float:
-            return loop_batch(c.bridged, args.calls, args.concurrency)
-
-    baseline(), bridged()  # warm up: connections, proxy classes
-    rows: dict[str, list[float]] = {"run_coroutine_threadsafe": [], "loopbridge": []}
-    for rep in range(args.reps):
-        pair = [("run_coroutine_threadsafe", baseline), ("loopbridge", bridged)]
-        for name, fn in pair if rep % 2 == 0 else pair[::-1]:
-            rows[name].append(fn())
-    base = statistics.median(rows["run_coroutine_threadsafe"])
-    ours = statistics.median(rows["loopbridge"])
-    return {
-        "calls_per_s": {"run_coroutine_threadsafe": round(base), "loopbridge": round(ours)},
-        "ratio": round(ours / base, 2),
-    }
+async def _disable(p: cProfile.Profile) -> None:
+    p.disable()
 
 
 def main() -> None:
@@ -240,10 +335,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="batches per way (median reported)")
     ap.add_argument("--workers", type=int, default=16, help="threads, for --callers threads")
     ap.add_argument("--concurrency", type=int, default=64, help="tasks, for --callers loop")
+    ap.add_argument("--profile", type=int, default=0, help="profile this many calls each way")
+    ap.add_argument("--top", type=int, default=25, help="functions per profile")
     args = ap.parse_args()
     clients = ["httpx", "aiohttp", "grpc"] if args.client == "all" else [args.client]
     callers = ["threads", "loop"] if args.callers == "both" else [args.callers]
     results: dict[str, Any] = {}
+    load = {"start": os.getloadavg()}
+    print(f"load average at start: {load['start']}", flush=True)
     with Uvicorn() as url, GrpcServer() as target, lb.LoopThread(name="client-owner") as owner:
         for kind in clients:
             pool = max(args.workers, args.concurrency)
@@ -254,11 +353,18 @@ def main() -> None:
             )
             try:
                 for who in callers:
-                    results[f"{kind}, {who}"] = r = measure(c, owner, who, args)
+                    if args.profile:
+                        profile(c, owner, who, args)
+                        continue
+                    r = measure(c, owner, who, args)
+                    results[f"{kind}, {who}"] = r = {**r, "crossings": CROSSINGS[kind]}
                     print(f"{kind:8} {who:8} {json.dumps(r)}", flush=True)
             finally:
                 c.close()
-    print(json.dumps({"args": vars(args), "results": results}, indent=1))
+    load["end"] = os.getloadavg()
+    print(f"load average at end: {load['end']}", flush=True)
+    if not args.profile:
+        print(json.dumps({"args": vars(args), "load": load, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -184,7 +184,7 @@ def scenarios(owner: LoopThread, pg_dsn: str, sa_url: str, redis_url: str, size:
                 "rcts": rcts(owner, lambda i: raw_client.incr("bench")),
             },
             {
-                "loopbridge": lambda i: blocking(client).incr("bench").result(),
+                "loopbridge": lambda i: blocking(client).incr("bench"),
                 "rcts": rcts_blocking(owner, lambda i: raw_client.incr("bench")),
             },
         ),

@@ -6,7 +6,8 @@ OpenAI-compatible HTTP server runs on a thread inside the same actor for agents
 and environments. ``loopbridge_vllm`` keeps the server thread away from the
 engine's asyncio state.
 
-Run it on CPU (real vLLM, stand-in forward pass)::
+Run it on CPU (real vLLM, stand-in forward pass), with Ray installed
+(``pip install ".[ray]"``, beside vLLM)::
 
     python examples/ray_actor_server.py
 
@@ -102,7 +103,9 @@ class GenerationWorker:
         order: list[str] = []
         if self.server is not None:
             await self.server.aclose()
-            order.append("server stopped" if not self.server.thread.is_alive() else "server alive")
+            # wait_stopped() holds in either topology (with on_engine_loop=True the
+            # server's thread is the engine's, which runs on): True once serving ended.
+            order.append("server stopped" if self.server.wait_stopped(0) else "server alive")
         shutdown_engine(self.llm)  # on the owner loop: cancels the handler first
         order.append("engine stopped")
         return order

@@ -20,7 +20,7 @@ from typing import Any
 
 from ._codegen import build, inline_prologue
 from ._compat import get_running_loop, mark_coroutine_function, thread_id_of
-from ._errors import LoopAffinityError
+from ._errors import Advice, Fix, code_name, refuse
 from ._labels import loop_and_thread
 from ._ownership import _ATTR, ON_OWNER, Owner, ownership_of
 from ._ports import PORT_ATTR
@@ -57,14 +57,19 @@ def _affinity_violation(
 ) -> None:
     here = loop_and_thread(loop, _get_ident())
     there = loop_and_thread(owner.loop, owner.thread or _owner_thread(owner.loop))
-    msg = (
-        f"{type(self).__qualname__}.{fn.__name__}() called from {here}, but the object "
-        f"belongs to {there}. Call it through loopbridge.proxy(obj) instead, which runs "
-        "it on the owner loop."
+    cls = type(self).__qualname__
+    target, member = code_name(cls), f"{fn.__name__}(...)"
+    advice = Advice(
+        f"{cls}.{fn.__name__}() called from {here}, but the object belongs to {there}",
+        [
+            Fix("loop", f"loopbridge.proxy({target}).{member}", target=target),
+            Fix("thread", f"loopbridge.blocking({target}).{member}", target=target),
+        ],
+        "The proxy runs it on the owner loop.",
     )
     if _Policy.mode == "raise":
-        raise LoopAffinityError(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        raise refuse(advice)
+    warnings.warn(advice.render(), RuntimeWarning, stacklevel=3)
 
 
 def _owner_thread(loop: asyncio.AbstractEventLoop | None) -> int | None:
@@ -153,7 +158,20 @@ def _check(self: object, fn: Callable[..., object], first_step: bool = False) ->
         return
     loop = get_running_loop()
     if loop is not owner.loop and (loop is not None or first_step or in_trio_run()):
+        if loop is not None and _kept_here(owner, loop):
+            return
         _affinity_violation(self, fn, loop, owner)
+
+
+def _kept_here(owner: Owner, loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the running task is work that was already running on ``loop`` when
+    the object was transferred away from it (see ``Owner.kept``): such work keeps
+    the object's members until it ends, as a method goes on natively."""
+    kept = owner.kept
+    if kept is None:
+        return False
+    task = asyncio.current_task(loop)
+    return task is not None and kept.get(task) is loop
 
 
 _ON_OWNER_TEST = """

@@ -5,6 +5,8 @@ member (its :class:`~loopbridge._faces.Crossing`): a call blocks the calling
 thread until the owner loop answers, a stream becomes a blocking iterator, a
 pending result a face of its own, and awaiting the object ``result()``.
 Members with no crossing (passed through, refused) are the proxy's own.
+A blocking call returns the value on every Python, including a sync member's
+with a ``returns`` rule whose result is a coroutine (see ``_pending``).
 
 Invariants:
 
@@ -26,8 +28,15 @@ from ._codegen import build
 from ._construction import NoPublicConstructor
 from ._faces import Crossing, Wait, channel_maker, crossings_of
 from ._operation import Options
-from ._pending import Pending
-from ._proxy import PendingFactory, is_proxy, proxy, refuse_setattr, result_by_rule
+from ._pending import MADE, Pending, call_on_owner
+from ._proxy import (
+    PendingFactory,
+    blocking_members,
+    is_proxy,
+    proxy,
+    refuse_setattr,
+    result_by_rule,
+)
 from ._streams import BlockingStream
 from ._uncovered import is_uncovered
 
@@ -56,7 +65,10 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
 
     def __init__(self, p: T, timeout: float | None = None) -> None:
         object.__setattr__(self, "_lb_proxy", p)
-        object.__setattr__(self, "_lb_members", {})
+        # Without a timeout, every face of a proxy binds its members once (see
+        # blocking_members): ``blocking(p).m(...)`` per request costs no binding.
+        members = blocking_members(p) if timeout is None else {}
+        object.__setattr__(self, "_lb_members", members)
         object.__setattr__(self, "_lb_timeout", timeout)
 
     def __getattr__(self, name: str) -> Any:
@@ -225,12 +237,30 @@ def _stream(crossing: Crossing, name: str) -> Callable[..., object]:
 
 
 def _pending(crossing: Crossing, name: str) -> Callable[..., object]:
+    """A sync member with a returns rule, on the blocking face.
+
+    A blocking call returns the value, on every Python: a member whose result is a
+    coroutine (a plain function returning one) gives what awaiting it gives.  That
+    is only known once the member has run on the owner, so the call runs it there
+    (one crossing: the same as ``.result()`` would make).  A member whose result was
+    something else (a context manager, an iterable: entered or iterated next) gives
+    its pending result's face, and from then on the call runs nothing until that
+    first use, which is one crossing too.
+    """
     fn, rule = crossing.source, crossing.rule
     what = f"{fn.__qualname__}()"
     assert rule is not None
+    coroutines = [True]  # until the member gives something else (read without a lock)
 
     def pending(bound: _Bound, /, *args: object, **kwargs: object) -> object:
         made = Pending(fn, (bound.target, *args), kwargs, rule, bound.opts, what, result_by_rule)
+        if coroutines[0]:
+            value = call_from_thread(
+                Call(call_on_owner, (made,), {}, what, bound.opts), bound.timeout
+            )
+            if value is not MADE:
+                return value
+            coroutines[0] = False
         return Blocking._create(made, bound.timeout)
 
     return pending

@@ -42,6 +42,7 @@ __all__ = [
     "THREAD_ID_ATTR",
     "TASK_FACTORY_ATTR",
     "mark_coroutine_function",
+    "MARKS_COROUTINE_FUNCTIONS",
     "HAS_NATIVE_EAGER",
     "HAS_TASK_CONTEXT",
     "thread_id_of",
@@ -125,6 +126,12 @@ HAS_TASK_CONTEXT = sys.version_info >= (3, 11)
 
 #: A function to mark, given back as it was.
 _Fn = TypeVar("_Fn", bound=Callable[..., object])
+
+#: Python 3.12+: a plain function marked by :func:`mark_coroutine_function` is a
+#: coroutine function to ``inspect.iscoroutinefunction`` too.  Before 3.12 the mark
+#: convinces ``asyncio.iscoroutinefunction`` only: inspect reads the code's
+#: CO_COROUTINE flag, which only an ``async def`` has.
+MARKS_COROUTINE_FUNCTIONS = sys.version_info >= (3, 12)
 
 if sys.version_info >= (3, 12):
     import inspect

@@ -12,7 +12,7 @@ from typing import TypeVar, overload
 
 from ._affinity import guarded, original
 from ._compat import get_running_loop
-from ._errors import LoopAffinityError, OwnerLoopClosed
+from ._errors import Advice, Fix, LoopAffinityError, code_name, gone, refuse
 from ._ownership import _ATTR, Ownership, attach, ownership_of
 from ._ports import rearm
 from ._returns import Owned, check_rules, names
@@ -34,11 +34,21 @@ def owner_loop(obj: object) -> asyncio.AbstractEventLoop | None:
     """
     ownership = ownership_of(_unproxy(obj))
     if ownership is None:
-        raise LoopAffinityError(
-            f"{type(obj).__qualname__} object is not loop-affine: decorate its class with "
-            "@loop_affine or declare the instance with loopbridge.adopt(obj)"
-        )
+        raise not_loop_affine(obj, "owner_loop()")
     return ownership.loop
+
+
+def not_loop_affine(obj: object, used: str) -> LoopAffinityError:
+    """The refusal of an object that is not loop-affine, given to ``used``."""
+    name = code_name(type(obj).__qualname__)
+    return refuse(
+        Advice(
+            f"{used} was given a {type(obj).__qualname__} object, which is not loop-affine",
+            [Fix("owner", f"loopbridge.adopt({name})", "", "first", name)],
+            "adopt() on the loop that owns it declares the instance; @loop_affine declares "
+            "every instance of a class you write.",
+        )
+    )
 
 
 def transfer(obj: object, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -51,14 +61,31 @@ def transfer(obj: object, loop: asyncio.AbstractEventLoop | None = None) -> None
     """
     ownership = ownership_of(_unproxy(obj))
     if ownership is None:
-        raise LoopAffinityError(
-            f"{type(obj).__qualname__} object is not loop-affine; use adopt(obj, loop=...) first"
-        )
+        raise not_loop_affine(obj, "transfer()")
     target = _current_loop(loop)
     if target is None:
-        raise LoopAffinityError("transfer() needs a loop: pass one, or call it from a running loop")
+        name = code_name(type(_unproxy(obj)).__qualname__)
+        raise refuse(
+            Advice(
+                "transfer() outside a running loop needs the loop to move to",
+                [Fix("thread", f"loopbridge.transfer({name}, loop)", "", "", name)],
+                "Called on a running loop, it moves the object to that loop.",
+            )
+        )
     if target.is_closed():
-        raise OwnerLoopClosed(f"cannot transfer to {target!r}: it is closed")
+        raise gone(
+            Advice(
+                f"transfer() was given {target!r}, which is closed",
+                [
+                    Fix(
+                        "run",
+                        "loopbridge.transfer(obj, loop)",
+                        target="obj",
+                        when="with a running loop",
+                    )
+                ],
+            )
+        )
     rearm(target)
     ownership.set_loop(target)
 
@@ -83,9 +110,13 @@ def adopt(
     Returns ``obj`` itself, unchanged.
     """
     if ownership_of(obj) is not None:
-        raise LoopAffinityError(
-            f"{type(obj).__qualname__} object is already loop-affine; "
-            "use loopbridge.transfer() to change its owner"
+        name = code_name(type(obj).__qualname__)
+        raise refuse(
+            Advice(
+                f"adopt() was given a {type(obj).__qualname__} object that is already loop-affine",
+                [Fix("owner", f"loopbridge.transfer({name})", "", "to change its owner", name)],
+                "Its declarations are fixed when it becomes loop-affine.",
+            )
         )
     base_stable, base_threadsafe, base_returns = _class_spec(type(obj))
     rules = check_rules(returns, "adopt(returns=...)")
@@ -107,9 +138,19 @@ def _check_members(obj: object, rules: Mapping[str, Owned]) -> None:
     """A rule for a member the object does not have is a typo: say so now."""
     for name in rules:
         if not hasattr(obj, name):
-            raise LoopAffinityError(
-                f"returns={{{name!r}: ...}}: {type(obj).__qualname__} object has no member "
-                f"{name!r}, so the rule would never apply; check the name"
+            raise refuse(
+                Advice(
+                    f"returns={{{name!r}: ...}} would never apply: {type(obj).__qualname__} "
+                    f"object has no member {name!r}",
+                    [
+                        Fix(
+                            "undeclare",
+                            f"returns={{{name!r}: ...}}",
+                            "adopt(...)",
+                            "or correct the name",
+                        )
+                    ],
+                )
             )
 
 

@@ -14,7 +14,13 @@ Invariants:
   pending result or awaiting the object); passed-through, refused and inherited
   members have none, so the blocking face hands them through as they are;
 * the crossings of a generated class are registered (:func:`register`) before
-  the class can be used, and never change afterwards.
+  the class can be used, and never change afterwards;
+* a member is what ``inspect`` and ``asyncio`` say the object's member is (a
+  coroutine function, an async generator function, a classmethod bound to the
+  object's own class), and on the owner loop it gives the method's own coroutine
+  or generator (see :class:`FunctionLikeMember`);
+* a generated class's instance that holds the last reference to its object
+  frees it on the owner loop (see ``_no_del``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import sys
 import threading
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,11 +38,12 @@ from typing import Any, cast
 from ._affinity import original
 from ._calls import route_call, route_exit
 from ._codegen import build
-from ._members import MemberKind, refused_member
+from ._compat import MARKS_COROUTINE_FUNCTIONS, mark_coroutine_function
+from ._members import MemberKind, class_data, refused_member
 from ._operation import Options
 from ._ownership import ON_OWNER, ON_OWNER_LOOP, ON_OWNER_THREAD, Ownership, on_owner_thread
 from ._pending import Own, Pending
-from ._ports import get_running_loop
+from ._ports import PORT_ATTR, get_running_loop
 from ._returns import Owned
 from ._streams import Channel, RemoteStream
 
@@ -134,8 +143,12 @@ def make({make_params}):
 
 
 def _async_member(
-    name: str, fn: Callable[..., object], generic: bool = False
+    name: str,
+    fn: Callable[..., object],
+    generic: bool = False,
+    like: Callable[..., object] | None = None,
 ) -> Callable[..., object]:
+    """``like``: the coroutine function it stands for (None: ``fn``)."""
     member = build(
         _ASYNC_MEMBER,
         fn,
@@ -147,7 +160,21 @@ def _async_member(
         __lb_route=route_exit if name == "__aexit__" else route_call,
         __lb_what=f"{fn.__qualname__}()",
     )
-    return _describe(member, name, fn)
+    return _marked(_describe(member, name, fn), like or fn)
+
+
+# What ``inspect.iscoroutinefunction`` (FastAPI, Starlette, ``mock.create_autospec``,
+# pytest-asyncio, Ray) says of a proxy's async member must be what it says of the
+# object's.  From 3.12 a plain function is marked as one at no cost per call.  Before
+# 3.12 inspect reads only a code object's CO_COROUTINE flag, so there the member is
+# a function-like object standing for the method (see FunctionLikeMember): an
+# ``async def`` wrapper would give a coroutine of its own even on the owner loop,
+# where a member gives the method's own coroutine.
+def _marked(member: Callable[..., object], like: Callable[..., object]) -> Callable[..., object]:
+    """``member``, a coroutine function to ``inspect`` and ``asyncio`` as ``like`` is."""
+    if MARKS_COROUTINE_FUNCTIONS:
+        return mark_coroutine_function(member)
+    return _stands_for(member, like) if inspect.iscoroutinefunction(like) else member
 
 
 def _describe(
@@ -181,9 +208,14 @@ def make({make_params}):
 
 
 def _stream_member(
-    name: str, fn: Callable[..., object], what: str | None = None, ahead: int | None = None
+    name: str,
+    fn: Callable[..., object],
+    what: str | None = None,
+    ahead: int | None = None,
+    like: Callable[..., object] | None = None,
 ) -> Callable[..., object]:
-    """``ahead``: how far the stream reads ahead of its consumer (None: batched)."""
+    """``ahead``: how far the stream reads ahead of its consumer (None: batched);
+    ``like``: the async generator function it stands for (None: ``fn``)."""
     member = build(
         _STREAM_MEMBER,
         fn,
@@ -195,7 +227,65 @@ def _stream_member(
         __lb_channel=channel_maker(ahead),
         __lb_what=what or f"{fn.__qualname__}()",
     )
-    return _describe(member, name, fn)
+    return _as_async_generator_function(_describe(member, name, fn), like or fn)
+
+
+class FunctionLikeMember:
+    """A proxy member as ``inspect`` sees the method it stands for.
+
+    ``inspect.isasyncgenfunction`` reads the CO_ASYNC_GENERATOR flag of a code
+    object, and before 3.12 ``inspect.iscoroutinefunction`` reads CO_COROUTINE;
+    nothing marks a plain function with either.  A member cannot be a real
+    ``async def`` (``... yield``) without changing what it gives: a wrapper
+    generator would add a step per item and hide the stream from
+    ``loopbridge.read_ahead``, and on the owner loop the member gives the
+    method's own coroutine or generator, not one of a wrapper.  What it gives is
+    what the method gives on the owner loop, and elsewhere an awaitable, or a
+    stream with ``asend``, ``athrow`` and ``aclose`` (a
+    ``collections.abc.AsyncGenerator``).
+
+    So such a member is a function-like object, as a compiled (Cython) function
+    is: ``__code__``, ``__defaults__`` and ``__kwdefaults__`` are those of the
+    method it stands for, which is what ``inspect`` reads, and ``__wrapped__`` is
+    that method, which is what ``inspect.signature`` follows.  Each member has a
+    subclass of its own whose ``__call__`` is the generated member itself, so a
+    call costs a binding (``__get__``) more than a function's.
+    """
+
+    def __get__(self, obj: object, objtype: type | None = None) -> object:
+        return self if obj is None else types.MethodType(cast("Callable[..., Any]", self), obj)
+
+
+def _as_async_generator_function(
+    member: Callable[..., object], like: Callable[..., object]
+) -> Callable[..., object]:
+    """``member``, an async generator function to ``inspect`` as ``like`` is."""
+    return _stands_for(member, like) if inspect.isasyncgenfunction(like) else member
+
+
+def _stands_for(
+    member: Callable[..., object], like: Callable[..., object]
+) -> Callable[..., object]:
+    """``member`` as a :class:`FunctionLikeMember` standing for ``like`` (``member``
+    itself where ``like`` has no code object to stand for)."""
+    code = getattr(like, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return member
+    kind = type("FunctionLikeMember", (FunctionLikeMember,), {"__call__": staticmethod(member)})
+    kind.__qualname__ = f"{member.__qualname__} (proxy member)"
+    made: Callable[..., object] = kind()
+    made.__dict__.update(
+        __name__=member.__name__,
+        __qualname__=member.__qualname__,
+        __module__=getattr(like, "__module__", None),
+        __doc__=member.__doc__,
+        __annotations__=member.__annotations__,
+        __wrapped__=getattr(member, "__wrapped__", like),
+        __code__=code,
+        __defaults__=getattr(like, "__defaults__", None),
+        __kwdefaults__=getattr(like, "__kwdefaults__", None),
+    )
+    return made
 
 
 def channel_maker(ahead: int | None) -> Callable[..., Channel]:
@@ -219,6 +309,24 @@ def _generic_parts(self: object) -> tuple[object, Options]:
     return get(self, "_lb_target"), get(self, "_lb_opts")
 
 
+_OWNED_CALL_MEMBER = """
+def make({make_params}):
+    def member({params}):
+        __lb_target, __lb_opts = __lb_parts({self})
+        if __lb_here(__lb_opts.ownership):
+            return __lb_fn(__lb_target, __lb_opts, {args})
+        return __lb_route(
+            __lb_opts,
+            __lb_grl(),
+            __lb_fn,
+            (__lb_target, __lb_opts, {positional}),
+            {keywords},
+            __lb_what,
+        )
+    return member
+"""
+
+
 def _owned_call_member(
     name: str, fn: Callable[..., Awaitable[object]], rule: Owned, own: Own
 ) -> Built:
@@ -227,13 +335,19 @@ def _owned_call_member(
     async def on_owner(target: object, opts: Options, /, *args: object, **kwargs: object) -> object:
         return own(await fn(target, *args, **kwargs), rule, what, opts)
 
-    def member(self: object, /, *args: object, **kwargs: object) -> object:
-        target, opts = _generic_parts(self)
-        if on_owner_thread(opts.ownership):
-            return on_owner(target, opts, *args, **kwargs)
-        return route_call(opts, get_running_loop(), on_owner, (target, opts, *args), kwargs, what)
-
-    made = _describe(member, name, fn)
+    member = build(
+        _OWNED_CALL_MEMBER,
+        fn,
+        "proxy member",
+        generic=True,
+        __lb_fn=on_owner,
+        __lb_parts=_generic_parts,
+        __lb_here=on_owner_thread,
+        __lb_grl=get_running_loop,
+        __lb_route=route_call,
+        __lb_what=what,
+    )
+    made = _marked(_describe(member, name, fn), fn)
     return made, Crossing(Wait.CALL, fn, on_owner, with_opts=True)
 
 
@@ -244,7 +358,10 @@ def _owned_stream_member(
     what: str,
     ahead: int | None,
     own: Own,
+    like: Callable[..., object] | None = None,
 ) -> Built:
+    """``like``: the async generator function the member stands for (None: ``fn``)."""
+
     async def on_owner(
         target: object, opts: Options, /, *args: object, **kwargs: object
     ) -> AsyncIterator[object]:
@@ -262,7 +379,7 @@ def _owned_stream_member(
         ch = Channel(on_owner, (target, opts, *args), kwargs, what, opts, ahead=ahead)
         return RemoteStream(ch)
 
-    made = _describe(member, name, fn)
+    made = _as_async_generator_function(_describe(member, name, fn), like or fn)
     return made, Crossing(Wait.STREAM, fn, on_owner, with_opts=True, ahead=ahead)
 
 
@@ -348,9 +465,11 @@ def _iteration(s: Spec) -> Built:
     rule = s.ownership.returns.get("__anext__")
     what = f"iterating a {s.cls.__qualname__} object"
     if rule is not None:  # returns={"__anext__": ...}: each item comes back as a proxy
-        member, crossing = _owned_stream_member("__aiter__", _iterate, rule, what, ahead, s.own)
+        member, crossing = _owned_stream_member(
+            "__aiter__", _iterate, rule, what, ahead, s.own, like=s.fn
+        )
     else:
-        member = _stream_member("__aiter__", _iterate, what, ahead)
+        member = _stream_member("__aiter__", _iterate, what, ahead, like=s.fn)
         crossing = Crossing(Wait.STREAM, _iterate, _iterate, ahead=ahead)
     member.__qualname__ = f"{s.cls.__qualname__}.__aiter__"  # type: ignore[attr-defined]
     member.__doc__ = s.raw.__doc__
@@ -389,18 +508,26 @@ def _refused(s: Spec) -> Built:
 
 
 def _class_level(s: Spec) -> Built:
-    """A classmethod or staticmethod: inherited as is, unless it is async.
+    """A classmethod or staticmethod: what it is on the class; class-level data:
+    the class's value unless the instance holds its own (``_members.ClassData``).
 
-    An async one runs on the owner loop like an instance's async member (it
-    may touch class-level state bound to that loop), and a classmethod gets the
-    object's own class as ``cls``, never the proxy class.
+    A sync classmethod is bound to the object's own class, never the proxy class
+    (whose instances only loopbridge makes): ``p.from_config(...)`` is
+    ``type(obj).from_config(...)``.  A sync staticmethod is inherited as is.  An
+    async one runs on the owner loop like an instance's async member (it may touch
+    class-level state bound to that loop), a classmethod again with the object's
+    own class as ``cls``.
     """
     raw, name = s.raw, s.name
     func = getattr(raw, "__func__", None)
-    if not isinstance(raw, (classmethod, staticmethod)) or func is None:
+    if not isinstance(raw, (classmethod, staticmethod)):
+        return class_data(s.cls, name, raw), None  # data an instance may shadow
+    if not callable(func):
         return None, None
     is_gen = inspect.isasyncgenfunction(func)
     if not (is_gen or inspect.iscoroutinefunction(func)):
+        if isinstance(raw, classmethod):  # bound to the class, through an instance too
+            return staticmethod(types.MethodType(func, s.cls)), None
         return None, None
     if isinstance(raw, classmethod):
 
@@ -415,9 +542,26 @@ def _class_level(s: Spec) -> Built:
     on_owner.__name__ = name
     on_owner.__qualname__ = func.__qualname__
     on_owner.__doc__ = func.__doc__
+    _sign_as_member(on_owner, func, isinstance(raw, classmethod))
     if is_gen:
-        return _stream_member(name, on_owner), Crossing(Wait.STREAM, on_owner, on_owner)
-    return _async_member(name, on_owner, generic=True), Crossing(Wait.CALL, on_owner, on_owner)
+        member = _stream_member(name, on_owner, like=func)
+        return member, Crossing(Wait.STREAM, on_owner, on_owner)
+    member = _async_member(name, on_owner, generic=True, like=func)
+    return member, Crossing(Wait.CALL, on_owner, on_owner)
+
+
+def _sign_as_member(
+    on_owner: Callable[..., object], func: Callable[..., object], cls: bool
+) -> None:
+    """Give ``on_owner(target, ...)`` the signature of ``func`` as a member (less
+    ``cls``), so a proxy member built from it has the signature it has on the object."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin or a callable with no signature
+        return
+    params = list(sig.parameters.values())[1 if cls else 0 :]
+    target = inspect.Parameter("__lb_target", inspect.Parameter.POSITIONAL_ONLY)
+    on_owner.__signature__ = sig.replace(parameters=[target, *params])  # type: ignore[attr-defined]
 
 
 #: Every member kind and the builder of its proxy member (and crossing).
@@ -467,8 +611,72 @@ def crossings_of(gcls: type) -> dict[str, Crossing]:
     return merged
 
 
+# ------------------------------------------------------- where the object dies
+# A proxy that holds the last reference to its object, dropped on a thread other
+# than the owner loop's, hands that reference to the owner loop (one post to its
+# port, batched with the rest): the object is freed there, so its ``__del__``, and
+# that of whatever only it held, runs on the loop that owns its state, as it
+# would had the object been dropped there.  Anywhere else the reference is
+# dropped where the proxy is (on the owner loop's thread; and where the owner
+# loop is gone or loopbridge never talked to it, as there is no loop to run it).
+# A proxy that is not the last holder changes nothing.  What the garbage collector
+# frees in a reference cycle is freed wherever it runs.
+def _target_alone(holder: object) -> bool:
+    """Whether ``holder``'s ``_lb_target`` slot holds the only reference to it."""
+    target = object.__getattribute__(holder, "_lb_target")
+    return sys.getrefcount(target) <= _ALONE
+
+
+class _Calibrate:
+    __slots__ = ("_lb_target",)
+
+    def __init__(self) -> None:
+        self._lb_target = object()
+
+
+def _references_alone() -> int:
+    """What ``sys.getrefcount`` says in :func:`_target_alone` of a target only its
+    holder references (measured: it varies with the interpreter's version)."""
+    holder = _Calibrate()
+    target = object.__getattribute__(holder, "_lb_target")
+    return sys.getrefcount(target)  # the slot, ``target`` and the argument, as there
+
+
+_ALONE = 0
+_ALONE = _references_alone()
+
+
+def _drop(box: list[object]) -> None:
+    """Run on the owner loop: the object's last reference, in ``box``, goes here."""
+    box.clear()
+
+
 def _no_del(self: object) -> None:
-    pass  # the proxy owns nothing; the target's __del__ is the target's business
+    """A proxy's finaliser: never its class's ``__del__``; hand the object over (above)."""
+    try:
+        # The members its blocking faces bound (see _proxy.blocking_members) hold
+        # the object too, and go with the proxy: drop them first.
+        bound = object.__getattribute__(self, "_lb_blocking")
+    except AttributeError:  # an uncovered result's class has no such slot
+        bound = None
+    if bound:
+        bound.clear()
+    try:
+        if not _target_alone(self):
+            return
+        opts: Options = object.__getattribute__(self, "_lb_opts")
+    except AttributeError:  # made, but never filled in
+        return
+    ownership = opts.ownership
+    if on_owner_thread(ownership):
+        return
+    port = ownership._port or getattr(ownership.loop, PORT_ATTR, None)
+    if port is not None and port.dead is None:
+        # The reference moves into the box before it is posted: the owner may run
+        # _drop at once, and then must hold the last one, not share it with the slot.
+        box = [object.__getattribute__(self, "_lb_target")]
+        object.__delattr__(self, "_lb_target")
+        port.post(_drop, box)
 
 
 def _no_init(self: object, *args: object, **kwargs: object) -> None:

@@ -16,6 +16,8 @@ BUCKETS: tuple[float, ...] = tuple(2.0**i / 1e6 for i in range(28))
 #: Upper bounds of item-count buckets (items per wake-up): 1, 2, 4 ... 2**27, then +Inf.
 ITEM_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(28))
 _NB = len(BUCKETS)
+#: Below this many samples, observe_all bisects per sample, not per bound.
+_FEW = 8
 
 
 class Histogram:
@@ -104,12 +106,22 @@ def observe_all(h: Histogram, values: list[float]) -> None:
         return
     h.total += sum(values)  # before sorting: the same summation order as one by one
     h.n += len(values)
+    counts = h.counts
+    if len(values) < _FEW:
+        # A few samples (an object retired after a handful of calls): one
+        # bisection each costs less than one per bound.
+        for v in values:
+            i = bisect_left(BUCKETS, v)  # the first bound >= v, as observe() says
+            counts[i if i < _NB else _NB] += 1
+        top = max(values)
+        if top > h.max:
+            h.max = top
+        return
     values.sort()
     if values[-1] > h.max:
         h.max = values[-1]
     # Bucket i holds BUCKETS[i-1] < v <= BUCKETS[i], as Prometheus' "le" (and
     # Histogram.observe) say: count them with one bisection per bound.
-    counts = h.counts
     below = 0
     for i, bound in enumerate(BUCKETS):
         upto = bisect_right(values, bound)

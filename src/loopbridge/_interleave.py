@@ -14,6 +14,11 @@ The points (each is *after* the step it names, before the next one):
 * ``die.marked``: a dying port is marked dead, before it fails what is in flight;
 * ``stream.buffer_empty``: a stream's consumer found its buffer empty, before
   it reads the stream's outcome;
+* ``start.first_step``: an owner-side task that did not start at once runs its
+  first step, before it checks the owner again;
+* ``give_up.cancel_written``: a caller that gives up wrote its cancel request,
+  before it reads whether the owner started the operation (the withdrawal
+  handshake, :mod:`loopbridge._operation`);
 * ``settle.latched``: a writer took an operation out of the in-flight set (the
   settle latch: a result, a cancel, owner death, or a submit that failed),
   before it acts on it.

@@ -171,6 +171,18 @@ def monitor_lag(
     return mon
 
 
+def overdue_s(loop: object) -> float:
+    """How long the lag probe of ``loop`` has been overdue (seconds; 0.0 when it is
+    not, or no monitor probes that loop): the loop has not run its timers for that
+    long.  Read by a caller that gave up waiting, to say why (any thread)."""
+    now = _perf()
+    worst = 0.0
+    for mon in list(_monitors):
+        if mon.loop is loop and mon._handle is not None and not mon._stopped:
+            worst = max(worst, now - mon._due)
+    return worst
+
+
 def lag_snapshots() -> list[dict[str, Any]]:
     """Snapshots of every monitor that is still probing, by name."""
     return sorted(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ._errors import LoopAffinityError, OwnerLoopClosed
+from ._errors import Advice, Fix, fork_advice, gone, refuse
+from ._labels import name_loop
 
 __all__ = ["LoopThread"]
 
@@ -26,6 +29,11 @@ class LoopThread:
     :meth:`stop` cancels the loop's remaining tasks, closes its async generators
     and its default executor, then closes the loop and joins the thread.  Calls
     still waiting on it through proxies fail with :class:`OwnerLoopClosed`.
+
+    A ``LoopThread`` does not survive ``os.fork()``: its thread exists only in the
+    parent.  In a forked child, :meth:`run` and every call to an object it owns
+    fail at once with :class:`OwnerLoopClosed`; create one after the fork (see
+    "Forked workers" in docs/recipes.md).
     """
 
     def __init__(
@@ -49,11 +57,18 @@ class LoopThread:
         self._error: BaseException | None = None
         self._stop_requested = False
         self._stop_lock = threading.Lock()
+        self._forked = False  # this is a forked child's copy: its thread is gone
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
-            raise LoopAffinityError(f"{self.name} is not started; call start() first")
+            raise refuse(
+                Advice(
+                    f"LoopThread {self.name!r} is not started",
+                    [Fix("run", "loop_thread.start()", target="loop_thread")],
+                    "Its loop exists once start() returns.",
+                )
+            )
         return self._loop
 
     @property
@@ -71,6 +86,7 @@ class LoopThread:
             raise RuntimeError(f"{self.name} was already started")
         self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         self._thread.start()
+        _started.add(self)
         self._ready.wait()
         if self._error is not None:
             raise self._error
@@ -84,6 +100,7 @@ class LoopThread:
             self._ready.set()
             return
         self._loop = loop
+        name_loop(loop, f"LoopThread {self.name!r}")  # errors and metrics name it so
         asyncio.set_event_loop(loop)
         loop.call_soon(self._ready.set)
         try:
@@ -98,14 +115,29 @@ class LoopThread:
     def run(self, fn: Callable[..., Awaitable[R]], *args: object) -> R:
         """Run ``fn(*args)`` on the loop and block until it returns."""
         loop = self.loop
+        if self._forked:
+            raise gone(fork_advice(f"LoopThread {self.name!r}", None))
         if not self.running:
-            raise OwnerLoopClosed(f"{self.name} has stopped")
+            raise gone(
+                Advice(
+                    f"LoopThread {self.name!r} has stopped",
+                    [Fix("run", "loopbridge.LoopThread().start()", target="loop_thread")],
+                    "A LoopThread runs once; its objects move to another loop with "
+                    "loopbridge.transfer(obj, loop).",
+                )
+            )
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is loop:
-            raise LoopAffinityError(f"{self.name}.run() called on its own thread would deadlock")
+            raise refuse(
+                Advice(
+                    f"LoopThread {self.name!r}.run() called on its own thread would deadlock",
+                    [Fix("owner", "fn(*args)", target="fn", say="await on its own loop")],
+                    "run() blocks its caller until the loop has run fn, and this thread is the loop's.",
+                )
+            )
 
         async def main() -> R:
             return await fn(*args)
@@ -118,7 +150,20 @@ class LoopThread:
         if thread is None or loop is None or not thread.is_alive():
             return
         if threading.current_thread() is thread:
-            raise LoopAffinityError(f"{self.name}.stop() called on its own thread")
+            raise refuse(
+                Advice(
+                    f"LoopThread {self.name!r}.stop() called on its own thread would deadlock",
+                    [
+                        Fix(
+                            "thread",
+                            "loop_thread.stop()",
+                            target="loop_thread",
+                            say="from another thread use",
+                        )
+                    ],
+                    "stop() joins the loop's thread, which is this one.",
+                )
+            )
         with self._stop_lock:
             # A second stop() only waits: stopping the loop again would cut its
             # clean-up short.
@@ -137,6 +182,25 @@ class LoopThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_started: weakref.WeakSet[LoopThread] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Mark every started ``LoopThread`` as the parent's (its thread did not survive
+    the fork; the loop ports' own hook fails what was in flight)."""
+    survivor = threading.current_thread()
+    for owner in list(_started):
+        if owner._thread is survivor:  # forked from its own loop: it lives on here
+            continue
+        owner._forked = True
+        owner._stop_lock = threading.Lock()  # another thread may have held it
+        _started.discard(owner)
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _shutdown(loop: asyncio.AbstractEventLoop) -> None:

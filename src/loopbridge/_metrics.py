@@ -20,11 +20,21 @@ Latencies are split where the time goes:
 Totals must only ever grow (Prometheus reads a drop as a process restart), so
 when a loop-affine object is garbage collected its numbers are folded into a
 per-name "retired" total instead of disappearing with it.
+
+A collected object costs nothing for long, whether or not anyone reads the
+metrics: its weak reference's callback only moves its numbers to a dead list
+(it may run inside any allocation, even one made under a lock below), and the
+next object made folds that list into the per-name totals once it holds
+``_FOLD_DEAD_AT`` entries, as every reader does first.  So the dead list never
+holds more than ``_FOLD_DEAD_AT`` entries plus the objects that died since the
+last one was made, and memory is bounded by the names, not by how many objects
+came and went or how often metrics are read.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
 from collections import deque
@@ -47,9 +57,20 @@ __all__ = [
 _OK, _ERROR = Outcome.OK, Outcome.ERROR
 
 _FOLD_AT = 2048
+#: Dead objects' numbers waiting to be folded into the per-name totals (at most
+#: this many, plus those that died since the last object was made).
+_FOLD_DEAD_AT = 64
+#: Below this many samples a fold observes them one by one.
+_FEW = 8
+#: Guards every object's folds and reads (each rare, and short; the module's
+#: global, read at each use, so that a fork can make it anew).
+_lock = threading.RLock()
 
 #: Counter names, in the order a reader must take them (see Totals.read).
-_CALL_KEYS = ("ok", "errors", "cancelled", "caller_cancels", "submitted")
+_CALL_KEYS = (
+    "ok", "errors", "cancelled", "caller_cancels", "submitted",
+    "delivered_despite_cancel", "results_dropped",
+)  # fmt: skip
 _STREAM_KEYS = (
     "completed", "errors", "cancelled", "consumer_closes", "opened", "items", "wakeups", "unread",
 )  # fmt: skip
@@ -110,6 +131,8 @@ class Totals:
             "errors": c["errors"],
             "cancelled": c["cancelled"],
             "caller_cancels": c["caller_cancels"],
+            "delivered_despite_cancel": c["delivered_despite_cancel"],
+            "results_dropped": c["results_dropped"],
             "calls_in_flight": calls_in_flight,
             "streams": s["opened"],
             "streams_completed": s["completed"],
@@ -149,10 +172,41 @@ def _fold_latencies(
     batch = list(starmap(samples.popleft, repeat((), len(samples))))
     if not batch:
         return
+    if len(batch) < _FEW:  # a retired object's handful: skip the bulk machinery
+        for submitted, started, ended, resumed in batch:
+            admission.observe(started - submitted)
+            if ended:
+                run.observe(ended - started)
+                if resumed:
+                    returned.observe(resumed - ended)
+        return
     t_submit, t_start, t_end, t_return = zip(*batch)
     observe_all(admission, list(map(_sub, t_start, t_submit)))
     observe_all(run, list(compress(map(_sub, t_end, t_start), t_end)))
     observe_all(returned, list(compress(map(_sub, t_return, t_end), t_return)))
+
+
+class _Hists:
+    """The histograms of one object, made at its first fold (most objects that
+    come and go never fold: their few samples are retired straight into totals)."""
+
+    __slots__ = ("admission", "run", "returned", "batch_size")
+
+    def __init__(self) -> None:
+        self.admission = Histogram()
+        self.run = Histogram()
+        self.returned = Histogram()
+        self.batch_size = Histogram(items=True)
+
+    def merge_into(self, t: Totals) -> None:
+        for mine, theirs in (
+            (self.admission, t.admission),
+            (self.run, t.run),
+            (self.returned, t.returned),
+            (self.batch_size, t.batch_size),
+        ):
+            if mine.n:
+                theirs.merge(mine)
 
 
 class _Data:
@@ -161,64 +215,102 @@ class _Data:
 
     __slots__ = (
         "c_ok", "c_errors", "c_cancelled", "c_caller_cancels", "c_submitted",
+        "c_delivered", "c_dropped",
         "s_completed", "s_errors", "s_cancelled", "s_closes", "s_opened",
-        "samples", "sizes", "lock", "items", "unread",
-        "admission", "run", "returned", "batch_size",
+        "samples", "sizes", "items", "unread", "hists",
     )  # fmt: skip
 
     def __init__(self) -> None:
         count = itertools.count
         self.c_ok, self.c_errors, self.c_cancelled = count(), count(), count()
         self.c_caller_cancels, self.c_submitted = count(), count()
+        # Cold: a result that raced its caller's cancel (see _calls' contract).
+        self.c_delivered, self.c_dropped = count(), count()
         self.s_completed, self.s_errors, self.s_cancelled = count(), count(), count()
         self.s_closes, self.s_opened = count(), count()
         # (t_submit, t_start, t_end, t_return); t_end == t_return == 0.0 for
         # streams (their run is not timed)
         self.samples: deque[tuple[float, float, float, float]] = deque()
         self.sizes: deque[int] = deque()
-        self.lock = threading.RLock()
         self.items = 0
         self.unread = 0  # items read ahead that no consumer took (under lock)
-        self.admission = Histogram()
-        self.run = Histogram()
-        self.returned = Histogram()
-        self.batch_size = Histogram(items=True)
+        self.hists: _Hists | None = None
+
+    def _fold_into(
+        self, admission: Histogram, run: Histogram, returned: Histogram, batch_size: Histogram
+    ) -> int:
+        """Move raw samples into these histograms (lock held); the items taken."""
+        samples, sizes = self.samples, self.sizes
+        if samples:
+            _fold_latencies(samples, admission, run, returned)
+        batch, items = batch_size.observe, 0
+        for _ in range(len(sizes)):
+            n = sizes.popleft()
+            items += n
+            batch(n)
+        return items
 
     def fold(self) -> None:
         """Move raw samples into the histograms (any thread)."""
-        with self.lock:
-            samples, sizes = self.samples, self.sizes
-            if samples:
-                _fold_latencies(samples, self.admission, self.run, self.returned)
-            batch, items = self.batch_size.observe, 0
-            for _ in range(len(sizes)):
-                n = sizes.popleft()
-                items += n
-                batch(n)
-            self.items += items
+        with _lock:
+            h = self.hists
+            if h is None:
+                h = self.hists = _Hists()
+            self.items += self._fold_into(h.admission, h.run, h.returned, h.batch_size)
 
     def read(self) -> Totals:
         self.fold()
         t = Totals()
-        # Outcomes before submissions: a call that ends between the two reads is
-        # then seen as still in flight, never as a negative count.
-        c, s = t.calls, t.streams
-        c["ok"], c["errors"] = _value(self.c_ok), _value(self.c_errors)
-        c["cancelled"], c["caller_cancels"] = (
-            _value(self.c_cancelled),
-            _value(self.c_caller_cancels),
-        )
-        s["completed"], s["errors"] = _value(self.s_completed), _value(self.s_errors)
-        s["cancelled"], s["consumer_closes"] = _value(self.s_cancelled), _value(self.s_closes)
-        c["submitted"], s["opened"] = _value(self.c_submitted), _value(self.s_opened)
-        with self.lock:
-            s["items"], s["wakeups"] = self.items, self.batch_size.n
-            s["unread"] = self.unread
-            t.admission.merge(self.admission)
-            t.run.merge(self.run)
-            t.returned.merge(self.returned)
-            t.batch_size.merge(self.batch_size)
+        self._add_counts(t)
+        with _lock:
+            s = t.streams
+            h = self.hists
+            s["items"], s["unread"] = self.items, self.unread
+            if h is not None:
+                s["wakeups"] = h.batch_size.n
+                h.merge_into(t)
         return t
+
+    def _add_counts(self, t: Totals) -> None:
+        """Add the counters to ``t``'s.  Outcomes before submissions: a call that
+        ends between the two reads is then seen as still in flight, never as a
+        negative count.  Stream counters are read only when one was opened."""
+        c, s = t.calls, t.streams
+        c["ok"] += _value(self.c_ok)
+        c["errors"] += _value(self.c_errors)
+        c["cancelled"] += _value(self.c_cancelled)
+        c["caller_cancels"] += _value(self.c_caller_cancels)
+        c["delivered_despite_cancel"] += _value(self.c_delivered)
+        c["results_dropped"] += _value(self.c_dropped)
+        opened = _value(self.s_opened)
+        if opened:
+            s["completed"] += _value(self.s_completed)
+            s["errors"] += _value(self.s_errors)
+            s["cancelled"] += _value(self.s_cancelled)
+            s["consumer_closes"] += _value(self.s_closes)
+        c["submitted"] += _value(self.c_submitted)
+        s["opened"] += opened
+
+    def retire_into(self, into: Totals) -> None:
+        """Add these numbers to ``into``: the object is gone, so nothing records
+        here any more.  Its raw samples go straight into ``into``'s histograms.
+
+        An object that never had a call or stream (most results that come back
+        as proxies are only read) costs two counter reads."""
+        if not (_value(self.c_submitted) or _value(self.s_opened) or self.unread):
+            return
+        self._add_counts(into)
+        with _lock:
+            s = into.streams
+            before = into.batch_size.n
+            s["items"] += self.items + self._fold_into(
+                into.admission, into.run, into.returned, into.batch_size
+            )
+            s["unread"] += self.unread
+            h = self.hists
+            if h is not None:
+                h.merge_into(into)
+            s["wakeups"] += into.batch_size.n - before
 
 
 class Counters:
@@ -261,6 +353,8 @@ class Metrics(metaclass=NoPublicConstructor):
     _lb_factory = "loopbridge.metrics.metrics_of(proxy)"
 
     def __init__(self, name: str) -> None:
+        if len(_dead) >= _FOLD_DEAD_AT:
+            _fold_dead(blocking=False)
         self.name = name
         d = self._data = _Data()
         # Direct references for the hot path (one attribute load, no indirection).
@@ -286,6 +380,16 @@ class Metrics(metaclass=NoPublicConstructor):
         """The caller cancelled (counted in addition to how the call ended)."""
         next(self._caller_cancels)
 
+    def delivered_despite_cancel(self) -> None:
+        """A call's result reached its caller although the caller's cancel or
+        timeout raced it (the cancel is re-delivered; see the cancellation contract)."""
+        next(self._data.c_delivered)
+
+    def result_dropped(self) -> None:
+        """A call completed with a result its caller could not take (it left, or a
+        ``KeyboardInterrupt`` ended its blocking wait)."""
+        next(self._data.c_dropped)
+
     # -- streams (any thread) -----------------------------------------------
     def stream_ended(self, op: _Timed) -> None:
         """A stream ended: record its admission latency (if it started)."""
@@ -302,7 +406,7 @@ class Metrics(metaclass=NoPublicConstructor):
     def stream_unread(self, items: int) -> None:
         """A stream ended with ``items`` read ahead that its consumer never took."""
         d = self._data
-        with d.lock:
+        with _lock:
             d.unread += items
 
     def stream_batch(self, items: int) -> None:
@@ -346,19 +450,37 @@ def _live_data() -> list[tuple[str, _Data]]:
             continue
 
 
+def _fold_dead(blocking: bool = True) -> None:
+    """Fold the numbers of collected objects into the per-name totals.
+
+    Never from the weak reference's callback (see the module).  ``blocking``
+    False: leave it to whoever holds the lock now (it folds them too).
+    """
+    lock = _retired_lock
+    if not lock.acquire(blocking):
+        return
+    try:
+        _drain_dead()
+    finally:
+        lock.release()
+
+
+def _drain_dead() -> None:
+    """Fold the dead list into the per-name totals (``_retired_lock`` held)."""
+    while _dead:
+        name, data = _dead.popleft()
+        into = _retired.get(name)
+        if into is None:
+            into = _retired[name] = Totals()
+        data.retire_into(into)
+
+
 def totals_by_name() -> dict[str, Totals]:
     """Totals per object name (live objects plus collected ones), sorted by name."""
     out: dict[str, Totals] = {}
     with _retired_lock:
-        while _dead:
-            name, data = _dead.popleft()
-            totals = data.read()
-            into = _retired.get(name)
-            if into is None:
-                _retired[name] = totals
-            else:
-                into.add(totals)
-        for name, retired in _retired.items():
+        _drain_dead()
+        for name, retired in list(_retired.items()):
             out[name] = t = Totals()
             t.add(retired)
     for name, data in _live_data():
@@ -367,3 +489,14 @@ def totals_by_name() -> dict[str, Totals]:
             out[name] = into = Totals()
         into.add(data.read())
     return dict(sorted(out.items()))
+
+
+def _after_fork_in_child() -> None:
+    """A thread that held a lock at a fork does not exist in the child."""
+    global _retired_lock, _lock
+    _retired_lock = threading.Lock()
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -26,6 +26,13 @@ Invariants:
 * every operation is in its owner port's ``inflight`` set from submission to
   settlement (or to its move to a new owner after a transfer), so owner death
   fails it instead of leaving it waiting.
+* an operation the owner has not started is never started once its caller
+  gave up on it (the *withdrawal handshake*, GIL-ordered, no lock): the caller
+  writes ``cancel`` (``REQUESTED``) and then reads ``t_start``; the owner's
+  :func:`start_on_owner` writes ``t_start`` and then reads ``cancel``.  One of
+  the two always sees the other's write: a caller that reads ``t_start`` as
+  0.0 has taken the operation back (the owner will read ``REQUESTED`` and not
+  start it), and one that reads it set waits for the owner side's cancel.
 """
 
 from __future__ import annotations
@@ -38,9 +45,10 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _interleave
+from ._compat import TASK_FACTORY_ATTR
 from ._diagnose import SubmissionSites, submission_site
-from ._eager import start_task, step_then_task
-from ._errors import LoopAffinityError
+from ._eager import NATIVE_EAGER, start_task, step_then_task
+from ._errors import Advice, Fix, LoopAffinityError, OwnerLoopClosed, owner_closed, refuse, uses
 from ._labels import thread_name
 from ._outcome import CANCELLED, ERROR, NOT_REQUESTED, OK, PENDING, REQUESTED, Outcome
 from ._ports import ABSENT, Port, get_running_loop
@@ -66,6 +74,7 @@ __all__ = [
 
 _perf = time.perf_counter
 _PY311 = sys.version_info >= (3, 11)
+_NOT_STOCK = object()  # a loop with no such attribute (uvloop, others)
 
 
 class Options:
@@ -160,11 +169,18 @@ class Operation:
         "t_start",
         "t_end",
         "site",
+        # Set only once a caller gives up (never on the hot path): when it last
+        # probed the owner loop, and when the owner loop last answered (see
+        # _wakers.wait_settled).
+        "probed",
+        "answered",
         "__weakref__",
     )
 
     kind = "operation"
     waiter: Any
+    probed: float  # set once a caller gives up (see __slots__)
+    answered: float
     #: ``Options.eager`` runs the body's first step with no task where the
     #: runtime can't start tasks eagerly (before 3.12); calls only, see _eager.
     steps_without_task = False
@@ -229,7 +245,10 @@ class Operation:
         owner = ownership._port
         try:
             if owner is None or owner.dead is not None:
-                owner = ownership.port()
+                try:
+                    owner = ownership.port()
+                except OwnerLoopClosed as exc:  # name this operation, not only the loop
+                    raise owner_closed(self.description, exc, starting=True) from None
             if owner.blocked is not None:  # its loop's thread waits in a blocking call
                 check_submission(self, owner)
             self.owner = owner
@@ -240,13 +259,31 @@ class Operation:
             raise
 
     def caller_gives_up(self, msg: str | None) -> bool:
-        """The caller stops waiting (its cancel, a stream's close): the one caller-side
-        cancel path.  Counts it once and asks the owner side to cancel; True when
-        the caller should now wait, bounded by ``cancel_grace``, for that cleanup."""
+        """The caller stops waiting (its cancel or timeout, a stream's close): the one
+        caller-side cancel path.  Counts it once; takes the operation back if the
+        owner has not started it (it is then settled ``CANCELLED`` and never
+        starts), else asks the owner side to cancel.  True when the caller should
+        now wait for that cleanup (``wait_settled``: bounded by ``cancel_grace``,
+        and by the owner loop answering at all)."""
         if self.outcome is not PENDING:
             return False
         self.count_give_up()
-        self.request_cancel(msg)
+        if self.owner is None:
+            return False  # never submitted: nothing runs anywhere
+        asked = self.cancel is REQUESTED  # by a dropped stream, say: posted already
+        self.cancel_msg = msg
+        self.cancel = REQUESTED  # written before t_start is read: the withdrawal handshake
+        if _interleave.hook is not None:
+            _interleave.hook("give_up.cancel_written")
+        if not self.t_start:
+            # start_on_owner writes t_start before it reads cancel, so it will
+            # see REQUESTED and not start: take the call back now.  The latch
+            # may be someone else's (owner death; a transfer moving it between
+            # ports, whose new owner then settles it CANCELLED).
+            self.settle(CANCELLED, asyncio.CancelledError(msg))
+            return False
+        if not asked:
+            self._post_cancel(self.owner)
         return True
 
     def count_give_up(self) -> None:
@@ -264,6 +301,9 @@ class Operation:
             return False
         self.cancel_msg = msg
         self.cancel = REQUESTED
+        return self._post_cancel(owner)
+
+    def _post_cancel(self, owner: Port) -> bool:
         try:
             owner.post(cancel_on_owner, self)
         except BaseException:  # the owner is gone: die() settles this operation
@@ -354,32 +394,71 @@ def start_on_owner(op: Operation) -> None:
         return
     loop: asyncio.AbstractEventLoop = owner.loop
     if op.opts.ownership.owner.loop is not loop:
-        # Ownership moved after this operation was submitted: follow it,
-        # unless someone settled it meanwhile (then leave() is False).
-        if owner.leave(op):
-            try:
-                op.submit(rerouted=True)
-            except BaseException as exc:  # registered nowhere now: record here
-                op.settle(ERROR, exc, latched=True)
+        _follow(op, owner)  # ownership moved after this operation was submitted
         return
+    # The withdrawal handshake (see the module): t_start written, then cancel
+    # read; a caller that gave up before this read has taken the call back.
+    op.t_start = _perf()
     if op.cancel is REQUESTED:
+        op.t_start = 0.0  # it never started: no admission latency is recorded
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))
         return
-    op.t_start = _perf()
     if op.waker.foreign_context:  # an attribute test: most callers are not trio
         _forget_caller_library(op.ctx)
     try:
-        coro = op.body(loop)
         if op.steps_without_task and op.opts.eager:
-            op.task = step_then_task(loop, coro, op.ctx)  # None: it finished in that step
+            # The first step runs now, in this drain: nothing runs between the
+            # check above and the member's start.
+            op.task = step_then_task(loop, op.body(loop), op.ctx)  # None: finished
+        elif _starts_eagerly(loop):
+            op.task = start_task(loop, op.body(loop), op.ctx)
         else:
-            op.task = start_task(loop, coro, op.ctx)
+            # The task's first step comes later: a transfer() may return before
+            # it, so the owner is checked again there (see _when_started).
+            op.task = start_task(loop, _when_started(op, owner, loop), op.ctx)
     except BaseException as exc:
         # Nothing will run it (a task factory that raised, say): fail it now,
         # or its caller would wait forever.
         op.settle(ERROR, exc)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
+
+
+def _follow(op: Operation, owner: Port) -> None:
+    """``op`` reached ``owner``, which no longer owns its object: re-route it to
+    the new owner, unless someone settled it meanwhile (then leave() is False)."""
+    if owner.leave(op):
+        op.task = None  # a task here never ran it: a cancel goes to the new owner's
+        # A first step here runs inside op.ctx; the new owner's thread may enter
+        # it before this step ends, and a context is entered by one thread at once.
+        op.ctx = op.ctx.copy()
+        try:
+            op.submit(rerouted=True)
+        except BaseException as exc:  # registered nowhere now: record here
+            op.settle(ERROR, exc, latched=True)
+
+
+def _starts_eagerly(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether :func:`start_task` runs the first step at once on ``loop``: 3.12+
+    with no task factory (a factory may defer it, as create_task does)."""
+    if not NATIVE_EAGER:
+        return False
+    factory = getattr(loop, TASK_FACTORY_ATTR, _NOT_STOCK)
+    if factory is _NOT_STOCK:  # uvloop starts eagerly without one; others, unknown
+        return type(loop).__module__ == "uvloop" and loop.get_task_factory() is None
+    return factory is None
+
+
+async def _when_started(op: Operation, owner: Port, loop: asyncio.AbstractEventLoop) -> None:
+    """The first step of a task that did not start at once: the owner is checked
+    again here, on the owner's thread, right before the member runs, so a call
+    never starts on a loop that gave the object away before this step."""
+    if _interleave.hook is not None:
+        _interleave.hook("start.first_step")
+    if op.opts.ownership.owner.loop is not loop:
+        _follow(op, owner)
+        return
+    await op.body(loop)
 
 
 def _forget_caller_library(ctx: contextvars.Context) -> None:
@@ -483,11 +562,11 @@ def check_queued(stream: Any, here: Port) -> None:
     for op in tuple(here.inflight):  # a copy: other threads add and remove
         if not isinstance(op, Operation) or op.outcome is not PENDING:
             continue
-        if any(c is stream for c in op.ctx.get(chain, ())):
-            owner = stream.owner
+        made_by = op.ctx.get(chain, ())
+        if any(c is stream for c in made_by):
             raise _cycle(
                 f"{stream.description}, waiting for {op.description} that its work made",
-                [here, owner, here] if owner is not None else [here, here],
+                [here, *_hops(made_by, stream), here],
             )
 
 
@@ -499,19 +578,39 @@ def check_submission(op: Any, port: Port) -> None:
         return
     blocking = op.ctx.get(chain, ())
     if any(c is blocked for c in blocking):
-        owner = blocked.owner
         raise _cycle(
             f"{op.description}, made by the work of {blocked.description}",
-            [port, owner, port] if owner is not None else [port, port],
+            [port, *_hops(blocking, blocked), port],
         )
+
+
+def _hops(made_by: tuple[Any, ...], first: Any) -> list[Port]:
+    """The loops a chain of blocking calls waits on, from ``first`` on: the whole
+    cycle, A -> B -> C, where only A and its first wait were known."""
+    start = next(i for i, c in enumerate(made_by) if c is first)
+    return [c.owner for c in made_by[start:] if c.owner is not None]
 
 
 def _cycle(what: str, path: list[Port]) -> LoopAffinityError:
     loops = " -> ".join(p.label for p in path)
-    return LoopAffinityError(
-        f"{what} would wait for ever: the blocked owner threads form a cycle ({loops}). "
-        f"A blocking call (loopbridge.blocking(...)) made on the thread of {path[0].label} "
-        "blocks that loop, and the work it waits for needs it. Await the proxy there instead "
-        "(await loopbridge.proxy(obj).member(...)), or make the blocking call from a plain "
-        "thread."
+    # The fix is for the blocking call on path[0]'s thread (after "made by the
+    # work of" when what names the call that work made).
+    on_loop, from_thread = uses(what.rsplit(", made by the work of ", 1)[-1])
+    return refuse(
+        Advice(
+            f"{what} would wait for ever, as the blocked owner threads form a cycle ({loops})",
+            [
+                Fix(
+                    "loop", on_loop, target="p", say=f"on {path[0].label} await the proxy instead:"
+                ),
+                Fix(
+                    "thread",
+                    from_thread,
+                    target="p",
+                    say="make the blocking call from a plain thread:",
+                ),
+            ],
+            f"A blocking call (loopbridge.blocking(...)) made on the thread of {path[0].label} "
+            "blocks that loop, and the work it waits for needs it.",
+        )
     )

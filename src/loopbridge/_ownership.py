@@ -21,13 +21,15 @@ from typing import Any
 
 from ._codegen import compile_function
 from ._compat import THREAD_ID_ATTR, get_running_loop, is_stock_loop
-from ._errors import LoopAffinityError, OwnerLoopClosed
+from ._errors import Advice, Fix, OwnerLoopClosed, refuse
 from ._metrics import Metrics
 from ._ports import Port, port_for_loop
+from ._trio import in_trio_run
 
 __all__ = [
     "Ownership",
     "Owner",
+    "declarations_key",
     "ownership_of",
     "attach",
     "on_owner_thread",
@@ -43,7 +45,9 @@ class Ownership:
     """Owner loop plus member declarations of one instance.
 
     ``returns`` maps member names to :class:`~loopbridge._returns.Owned` rules
-    (typed ``Any`` here: rules live in a layer above this one).
+    (typed ``Any`` here: rules live in a layer above this one).  ``inherits``:
+    the object was handed out under such a rule, so what its members give back
+    is covered too (see :mod:`loopbridge._returns`).
     """
 
     __slots__ = (
@@ -58,6 +62,8 @@ class Ownership:
         "name",
         "metrics",
         "obj_id",
+        "made_in_trio",
+        "inherits",
         "__weakref__",
     )
 
@@ -69,25 +75,38 @@ class Ownership:
         name: str,
         returns: Mapping[str, Any] | None = None,
         read_ahead: Mapping[str, int | None] | None = None,
+        inherits: bool = False,
+        key: Hashable | None = None,
     ) -> None:
+        """``key``: what :func:`declarations_key` gives for these declarations,
+        if the caller keeps it (one per rule); None: computed here."""
         self.owner = Owner(loop)
         self._port: Port | None = None
         self.stable = stable
         self.threadsafe = threadsafe
+        # The object was handed out under a rule (see _returns): what its members
+        # give back is covered too, at every depth; ``returns`` is then the rule's
+        # own read-only mapping, whose protocol steps inherit.
+        self.inherits = inherits
         # Rules for members whose results belong to the owner loop (see _returns).
-        self.returns: Mapping[str, Any] = MappingProxyType(dict(returns or {}))
+        self.returns: Mapping[str, Any] = (
+            returns if inherits and returns is not None else MappingProxyType(dict(returns or {}))
+        )
         # How far each stream member may read ahead (see _streams.Channel.ahead).
-        self.read_ahead: Mapping[str, int | None] = MappingProxyType(dict(read_ahead or {}))
+        self.read_ahead: Mapping[str, int | None] = (
+            MappingProxyType(dict(read_ahead)) if read_ahead else _NO_READ_AHEAD
+        )
         self._key = (
-            stable,
-            threadsafe,
-            frozenset(self.returns.items()),
-            frozenset(self.read_ahead.items()),
+            key
+            if key is not None
+            else declarations_key(stable, threadsafe, self.returns, self.read_ahead, inherits)
         )
         self._lock = threading.Lock()
         self.name = name
         self.metrics = Metrics._create(name)
         self.obj_id = 0  # id() of the object it is attached to (attach sets it)
+        # Made with no loop inside a trio run: trio runs no asyncio loop to own it.
+        self.made_in_trio = loop is None and in_trio_run()
 
     def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
         # A record belongs to one object in one process: a copy or an unpickled
@@ -110,10 +129,7 @@ class Ownership:
             return port
         loop = self.owner.loop
         if loop is None:
-            raise LoopAffinityError(
-                f"{self.name} has no owner loop: it was created while no event loop was "
-                "running. Call loopbridge.transfer(obj, loop) to give it one."
-            )
+            raise refuse(self._no_owner())
         with self._lock:
             if self.owner.loop is loop:
                 try:
@@ -125,10 +141,83 @@ class Ownership:
                     ) from None
         return port if port is not None else self.port()
 
+    def _no_owner(self) -> Advice:
+        transfer = Fix(
+            "run", "loopbridge.transfer(obj, loop)", target="obj", say="give it one with"
+        )
+        if self.made_in_trio:
+            return Advice(
+                f"{self.name} has no owner loop: it was created inside a trio run, and a "
+                "loop-affine object belongs to an asyncio loop",
+                [
+                    Fix(
+                        "loop",
+                        "trio.to_thread.run_sync(loop_thread.run, make)",
+                        target="make",
+                        say="create it on one, in a coroutine function make that a LoopThread runs:",
+                    ),
+                    transfer,
+                ],
+                "Then await its proxy's members from trio.",
+            )
+        return Advice(
+            f"{self.name} has no owner loop: it was created while no event loop was running",
+            [transfer],
+        )
+
     def set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
-            self.owner = Owner(loop)  # one store: readers see the old record or the new
+            kept = _still_running(self, self.owner, self._port)
+            self.owner = Owner(loop, kept)  # one store: readers see the old record or the new
             self._port = None
+
+
+#: The read-ahead declarations of a record that has none (most): one, shared.
+_NO_READ_AHEAD: Mapping[str, int | None] = MappingProxyType({})
+
+
+def declarations_key(
+    stable: frozenset[str],
+    threadsafe: frozenset[str],
+    returns: Mapping[str, Any],
+    read_ahead: Mapping[str, int | None],
+    inherits: bool,
+) -> Hashable:
+    """A record's declarations as one hashable value (:meth:`Ownership.spec_key`)."""
+    return (
+        stable,
+        threadsafe,
+        frozenset(returns.items()),
+        frozenset(read_ahead.items()),
+        inherits,
+    )
+
+
+def _still_running(
+    ownership: Ownership, old: Owner, port: Port | None
+) -> weakref.WeakKeyDictionary[asyncio.Task[Any], asyncio.AbstractEventLoop] | None:
+    """The tasks that keep using the object on the loop it is leaving, each with
+    that loop: the calls and streams of the object already running there, and
+    the task that transfers it, if it runs there; plus those an earlier transfer
+    kept that have not ended.  Each keeps the object's members until it ends."""
+    kept: weakref.WeakKeyDictionary[asyncio.Task[Any], asyncio.AbstractEventLoop]
+    kept = weakref.WeakKeyDictionary()
+    if old.kept is not None:
+        kept.update((t, lp) for t, lp in old.kept.items() if not t.done())
+    loop = old.loop
+    if loop is not None:
+        if get_running_loop() is loop:
+            task = asyncio.current_task(loop)
+            if task is not None:
+                kept[task] = loop
+        if port is not None and port.loop is loop:
+            for op in tuple(port.inflight):  # a copy: other threads add and remove
+                task = getattr(op, "task", None)
+                opts = getattr(op, "opts", None)
+                mine = getattr(opts, "ownership", None) is ownership
+                if task is not None and mine and not task.done():
+                    kept[task] = loop
+    return kept or None
 
 
 class Owner:
@@ -136,12 +225,23 @@ class Owner:
 
     ``tid_check``: stock asyncio loops hold the ident of the thread running them
     (see _compat), so "is this thread running the owner?" is one comparison.
+    ``kept``: after a transfer, the work already running on the old loop that
+    keeps the object's members until it ends (only the slow half of the
+    affinity check reads it).
     """
 
-    __slots__ = ("loop", "tid_check", "thread")
+    __slots__ = ("loop", "tid_check", "thread", "kept")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        kept: Mapping[asyncio.Task[Any], asyncio.AbstractEventLoop] | None = None,
+    ) -> None:
         self.loop = loop
+        # Tasks still running on a loop the object was transferred away from,
+        # each with that loop: they keep using the object's members there until
+        # they end (see _still_running); None: none.
+        self.kept = kept
         self.tid_check = is_stock_loop(loop)
         # The thread running the loop, where that is known here (errors name it;
         # uvloop does not say): the owner is the running loop, or a stock one.

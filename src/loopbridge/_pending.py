@@ -25,13 +25,19 @@ Invariants:
 * the member runs at most once per :class:`Pending`, on the owner loop; every
   later use goes to the same object (``_obj`` is only read and written there);
 * whatever comes back is shaped by the proxy layer's ``own`` function, given at
-  construction: a proxy if a rule covers it, else the always-on check.
+  construction: a proxy if a rule covers it, else the always-on check; plain
+  data (``PLAIN``), which ``own`` gives back as it is under any rule, skips it;
+* on the blocking face, a member whose result is a coroutine gives its value
+  (:func:`call_on_owner`): a blocking call returns what awaiting it gives, on
+  every Python, whether the member is a coroutine function or a plain function
+  returning a coroutine (a wrapper marked as a coroutine function from 3.12 on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from types import TracebackType
 from typing import Any
@@ -40,10 +46,10 @@ from ._calls import Call, call_from_thread, route_call, route_exit
 from ._operation import Options
 from ._ownership import on_owner_thread
 from ._ports import get_running_loop
-from ._returns import Owned
+from ._returns import PLAIN, Owned
 from ._streams import BlockingStream, Channel, RemoteStream
 
-__all__ = ["Pending", "Own"]
+__all__ = ["Pending", "Own", "MADE", "call_on_owner"]
 
 #: How the proxy layer turns an owner-side value into what the caller gets:
 #: ``own(value, rule, what, opts)``.
@@ -158,11 +164,42 @@ def _made(p: Pending) -> Any:
     return obj
 
 
+class _Made:
+    """What :func:`call_on_owner` gives when the member's result is for a later use."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<made: for its first use>"
+
+
+MADE = _Made()
+
+
+async def call_on_owner(p: Pending) -> object:
+    """A blocking face's call of the member: it runs now, on the owner.
+
+    A result that is a coroutine is only ever awaited (the member is a plain
+    function returning one, as a pooled asyncpg connection's queries before
+    Python 3.12 and redis-py's commands are): it is awaited here and its value,
+    shaped as awaiting the pending result would shape it, comes back, so the
+    blocking call gives the value, as a coroutine function's does.  Any other
+    result (a context manager, an iterable, an awaitable object) stays made for
+    its first use, and :data:`MADE` comes back.
+    """
+    obj = _made(p)
+    if not inspect.iscoroutine(obj):
+        return MADE
+    return await _await_on_owner(p)
+
+
 async def _await_on_owner(p: Pending) -> object:
     obj = _made(p)
     if not hasattr(type(obj), "__await__"):
         raise _lacks(p, obj, "__await__", "awaitable")
     value = await obj
+    if type(value) in PLAIN:
+        return value  # what own() gives plain data under any rule: itself (a unary RPC's reply)
     rule = p._rule if value is obj else p._rule.returns.get("__await__")
     return p._own(value, rule, f"awaiting {p._what}", p._opts)
 

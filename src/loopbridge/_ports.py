@@ -85,6 +85,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import os
 import threading
 import weakref
 from collections import deque
@@ -100,8 +101,9 @@ from ._compat import (
     live_thread,
     ready_queue,
     self_reader,
+    thread_id_of,
 )
-from ._errors import OwnerLoopClosed
+from ._errors import OwnerLoopClosed, fork_advice, owner_closed
 from ._labels import loop_label as _loop_label
 
 __all__ = [
@@ -383,13 +385,25 @@ class Port:
         for op in list(self.inflight):
             if self.leave(op):
                 try:
-                    op.owner_died(_fresh(exc))
+                    op.owner_died(_for_operation(op, exc))
                 except Exception:  # pragma: no cover - defensive: keep failing the rest
                     pass
         # A dead port defers no more wakes; pay those it owes now, if this is
         # its own thread (only that thread touches its outgoing list).
         if self._outgoing and self.thread_id == threading.get_ident():
             self._flush()
+
+    def survives_fork(self, survivor: int) -> bool:
+        """In a forked child: whether this loop can still run there.
+
+        Only the thread that called ``fork()`` (``survivor``) exists in the child.
+        A loop lives on when that thread ran it last (it may be running it now:
+        a fork from inside a coroutine), or when it is stopped and never ran.
+        A loop the copied state says is running on any other thread never runs
+        again, though its ``is_running()`` still says True.
+        """
+        tid = thread_id_of(self.loop) or self.thread_id
+        return tid == survivor or (tid is None and not self.is_running())
 
     def is_running(self) -> bool:
         """Whether this port's loop runs now (a trio run always does)."""
@@ -481,6 +495,13 @@ def unpark_waiter(op: Any) -> None:
         fut.set_result(None)
 
 
+def _for_operation(op: Any, exc: BaseException) -> BaseException:
+    """The error of ``op`` when its owner loop died of ``exc``: it names ``op``."""
+    if type(exc) is OwnerLoopClosed and isinstance(getattr(op, "description", None), str):
+        return owner_closed(op.description, exc)
+    return _fresh(exc)
+
+
 def _fresh(exc: BaseException) -> BaseException:
     """A new instance per waiter: exceptions carry tracebacks and must not be shared."""
     return type(exc)(*exc.args)
@@ -494,6 +515,56 @@ _ATTR = PORT_ATTR = "_loopbridge_port"
 _registry_lock = threading.Lock()
 _ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
 _retired: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _no_wake(_: Callable[[], None]) -> None:
+    """The wake of a port whose loop did not survive a fork: nothing to wake (the
+    loop's self-pipe is shared with the parent, whose loop would be woken)."""
+
+
+def fork_message(label: str, thread: str | None) -> str:
+    """The error of every call to a loop whose thread did not survive a fork."""
+    return fork_advice(label, thread).render()
+
+
+#: The names of the ports' threads as the parent saw them at a fork (child only).
+_thread_names: dict[int, str] = {}
+
+
+def _before_fork() -> None:
+    """Name each port's thread while it still exists (the forking thread, in the parent)."""
+    _thread_names.clear()
+    for port in list(_ports.values()):
+        tid = port.thread_id
+        if tid is not None and (thread := live_thread(tid)) is not None:
+            _thread_names[tid] = thread.name
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork(after_in_child=...)``: in a forked child, fail at once
+    every operation in flight towards a loop whose thread did not survive, and
+    every later call to it, instead of waiting on a loop that will never run.
+
+    The registry's lock is made anew: another thread may have held it at the fork.
+    """
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    survivor = _get_ident()
+    gone = [p for p in list(_ports.values()) if not p.survives_fork(survivor)]
+    for port in gone:
+        port._schedule_threadsafe = _no_wake  # before any dies: their callers' wakes
+    for port in gone:
+        name = _thread_names.get(port.thread_id) if port.thread_id is not None else None
+        port.die(OwnerLoopClosed(fork_message(port.label, name)))
+    _thread_names.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_thread_names.clear,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 def rearm(loop: asyncio.AbstractEventLoop) -> None:
@@ -513,6 +584,9 @@ def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
         raise OwnerLoopClosed(f"{_loop_label(loop)} is closed")
     check_loop(loop)
     if loop in _retired:
+        gone: Port | None = getattr(loop, _ATTR, None)
+        if gone is not None and gone.dead is not None:
+            raise _fresh(gone.dead)  # why it died (a fork, a shutdown)
         raise OwnerLoopClosed(f"{_loop_label(loop)} is shutting down")
     with _registry_lock:
         port = _ports.get(loop)

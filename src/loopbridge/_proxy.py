@@ -25,22 +25,23 @@ from __future__ import annotations
 import inspect
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from types import MappingProxyType
 from typing import TypeVar, cast
 
 from ._affinity import _Policy
 from ._calls import Call
 from ._codegen import Maker, make_class
-from ._errors import LoopAffinityError
+from ._errors import Advice, Fix, LoopAffinityError, refuse
 from ._faces import FACES, SEALED, Crossing, Spec, forget, register
-from ._members import classify, is_special, refusal
+from ._members import classify, code_name, is_special, refusal
 from ._metrics import Metrics
 from ._operation import Options
-from ._ownership import Ownership, attach, ownership_of
+from ._ownership import Ownership, attach, declarations_key, ownership_of
 from ._pending import Pending
-from ._returns import PLAIN, Owned, loop_state
+from ._returns import INHERITED, PLAIN, Owned, loop_state
 from ._streams import BlockingStream, RemoteStream
-from ._uncovered import is_uncovered, uncovered
+from ._uncovered import is_uncovered, uncovered, uncovered_advice
 
 __all__ = [
     "proxy",
@@ -51,6 +52,7 @@ __all__ = [
     "result_by_rule",
     "result_without_rule",
     "call_result",
+    "blocking_members",
     "PendingFactory",
     "refuse_setattr",
     "DEFAULT_WINDOW",
@@ -64,9 +66,11 @@ DEFAULT_GRACE = 5.0
 
 _MARKER = "__loopbridge_proxy__"
 
-# The owner (for the same-loop test, read on every call) and the settings
-# every call and stream made through this proxy share.
-_SLOTS = ("_lb_target", "_lb_ownership", "_lb_opts")
+# The owner (for the same-loop test, read on every call), the settings every
+# call and stream made through this proxy share, what its owned instance
+# attributes last gave (see _OwnedInstanceAttr) and the members its blocking
+# faces without a timeout have bound (see blocking_members); None until used.
+_SLOTS = ("_lb_target", "_lb_ownership", "_lb_opts", "_lb_attrs", "_lb_blocking")
 
 
 def is_proxy(obj: object) -> bool:
@@ -80,14 +84,18 @@ def _passes(value: object) -> bool:
 
 
 # ------------------------------------------------------------ result shaping
+#: The rule what an owned object gives back comes under (see _returns).
+_COVERED = Owned()
+
+
 def result_by_rule(value: object, rule: Owned | None, what: str, opts: Options) -> object:
     """What the caller gets for ``value``, which ``what`` gave back on the owner loop.
 
     With a rule: a proxy of ``value`` owned by the same loop, with the rule's
     declarations.  Without one: :func:`result_without_rule`.
     """
-    if rule is None:
-        return result_without_rule(value, what, opts)
+    if rule is None or rule is INHERITED:
+        return result_without_rule(value, what, opts, rule is INHERITED)
     if _passes(value):
         return value
     ownership = ownership_of(value)
@@ -98,9 +106,27 @@ def result_by_rule(value: object, rule: Owned | None, what: str, opts: Options) 
             rule.threadsafe,
             f"{type(value).__qualname__} object from {what}",
             rule.returns,
+            inherits=True,  # what it gives back is covered too (see _returns)
+            key=_key_for(rule),  # one per rule, not one per result (once per request)
         )
         attach(value, ownership)
     return _new_proxy(value, ownership, opts.window, opts.grace, opts.eager)
+
+
+#: The declarations key of the records made under each rule (see _ownership).
+_rule_keys: dict[Owned, Hashable] = {}
+
+
+def _key_for(rule: Owned) -> Hashable:
+    key = _rule_keys.get(rule)
+    if key is None:
+        key = _rule_keys.setdefault(
+            rule,
+            declarations_key(
+                rule.stable, rule.threadsafe, rule.returns, MappingProxyType({}), True
+            ),
+        )
+    return key
 
 
 def call_result(call: Call, result: object) -> object:
@@ -114,31 +140,29 @@ def call_result(call: Call, result: object) -> object:
     return result_without_rule(result, call.description, call.opts)
 
 
-def result_without_rule(value: object, what: str, opts: Options) -> object:
-    """A result no rule covers: loop-affine ones come back as proxies; others
-    that hold loop-bound state are caught by the always-on check."""
+def result_without_rule(value: object, what: str, opts: Options, inherited: bool = False) -> object:
+    """A result no rule of its own covers: loop-affine ones come back as proxies;
+    what an object handed out under a rule gives (``inherited``, or the proxy's
+    ``ownership.inherits``) comes back as a proxy under ``Owned()`` when it holds
+    loop-bound state anywhere it reaches; others that hold loop-bound state are
+    caught by the always-on check."""
     if _passes(value):
         return value
     ownership = ownership_of(value)
     if ownership is not None:  # declared loop-affine: its own declarations say how
         return _new_proxy(value, ownership, opts.window, opts.grace, opts.eager)
+    if inherited or opts.ownership.inherits:
+        if loop_state(value, deep=True, strict=True) is None:
+            return value  # plain data, all of it looked at
+        return result_by_rule(value, _COVERED, what, opts)
     found = loop_state(value)
     if found is None or _Policy.mode == "off":
         return value
-    member = what.rsplit(".", 1)[-1].removesuffix("()")
-    awaitable = hasattr(type(value), "__await__")
-    msg = (
-        f"{what} returned a {type(value).__qualname__} object that holds loop-bound state "
-        f"({found}), and no returns rule covers it, so it cannot be used off its owner loop"
-        f"{' (awaiting it can: it is awaited there)' if awaitable else ''}. "
-        f"Declare returns={{{member!r}: loopbridge.Owned(...)}} (in adopt(...) or "
-        "@loop_affine(...)) to get it back as a proxy, or use it on its owner loop "
-        "(loopbridge.unwrap gives the object)."
-    )
+    advice = uncovered_advice(what, value, found, opts.ownership)
     if _Policy.mode == "warn":
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        warnings.warn(advice.render(), RuntimeWarning, stacklevel=2)
         return value
-    return uncovered(value, msg, opts)
+    return uncovered(value, advice, opts)
 
 
 # --------------------------------------------------------------- proxy class
@@ -154,12 +178,18 @@ def _proxy_class(cls: type, ownership: Ownership) -> tuple[type, Maker]:
         return made
     ns: dict[str, object] = {"__slots__": _SLOTS, _MARKER: True}
     crossings: dict[str, Crossing] = {}
-    for name, (kind, raw) in classify(cls, ownership).items():
+    members = classify(cls, ownership)
+    for name, (kind, raw) in members.items():
         member, crossing = FACES[kind](Spec(cls, name, raw, ownership, result_by_rule))
         if member is not None:  # None: a class-level member, inherited as is
             ns[name] = member
         if crossing is not None:
             crossings[name] = crossing
+    for name, rule in ownership.returns.items():
+        if name in members or name in ns or is_special(name):
+            continue  # a class attribute (its kind says what it becomes), a protocol step
+        if name not in ownership.stable and name not in ownership.threadsafe:
+            ns[name] = _OwnedInstanceAttr(name, rule, f"{cls.__qualname__}.{name}")
     if hasattr(cls, "_asyncio_future_blocking"):
         # A future's proxy is no future of the caller's loop: asyncio.isfuture()
         # must say so, and ensure_future() then awaits it through __await__.
@@ -181,6 +211,50 @@ def _proxy_class(cls: type, ownership: Ownership) -> tuple[type, Maker]:
     return made
 
 
+class _OwnedInstanceAttr:
+    """An instance attribute with a returns rule (a grpc stub's multicallables,
+    set in its ``__init__``), read through the proxy class, not ``__getattr__``.
+
+    Read from the target each time; a value that is a function or a bound
+    method gives a :class:`PendingFactory`, any other value what
+    :func:`result_by_rule` makes of it.  That result is kept on this proxy
+    (``_lb_attrs``) while the attribute holds the same object, so reading it
+    again (once per request: ``stub.Say(...)``) costs a lookup, not a new proxy.
+    It is the same proxy as a new one would be: a value's ownership record is
+    attached to the value once (a transfer of the object moves the object's
+    record only, as before), and the settings are this proxy's.  Missing on
+    the target: ``__getattr__`` (:func:`_instance_attr`) says why.
+    """
+
+    __slots__ = ("name", "rule", "what")
+
+    def __init__(self, name: str, rule: Owned, what: str) -> None:
+        self.name = name
+        self.rule = rule
+        self.what = what
+
+    def __get__(self, obj: object, objtype: type | None = None) -> object:
+        if obj is None:
+            return self
+        get = object.__getattribute__
+        name = self.name
+        value = getattr(get(obj, "_lb_target"), name)
+        kept: dict[str, tuple[object, object]] | None = get(obj, "_lb_attrs")
+        if kept is not None:
+            hit = kept.get(name)
+            if hit is not None and hit[0] is value:
+                return hit[1]
+        opts: Options = get(obj, "_lb_opts")
+        if inspect.ismethod(value) or inspect.isfunction(value):  # a new method each read
+            return PendingFactory(value, self.rule, opts, f"{self.what}()")
+        made = result_by_rule(value, self.rule, self.what, opts)
+        if kept is None:  # two threads may both make one: either dict is right
+            kept = {}
+            object.__setattr__(obj, "_lb_attrs", kept)
+        kept[name] = (value, made)
+        return made
+
+
 def _instance_attr(self: object, name: str) -> object:
     """Instance attributes (set in ``__init__``) that no class member describes."""
     get = object.__getattribute__
@@ -200,7 +274,7 @@ def _instance_attr(self: object, name: str) -> object:
         raise AttributeError(name)
     if not hasattr(target, name):
         raise AttributeError(f"{type(target).__qualname__!r} object has no attribute {name!r}")
-    raise _dynamic_refusal(target, name)
+    raise _dynamic_refusal(target, name, ownership.name)
 
 
 class PendingFactory:
@@ -221,7 +295,7 @@ class PendingFactory:
         return Pending(self.fn, args, kwargs, self.rule, self.opts, self.what, result_by_rule)
 
 
-def _dynamic_refusal(target: object, name: str) -> LoopAffinityError:
+def _dynamic_refusal(target: object, name: str, owner_name: str) -> LoopAffinityError:
     """The refusal of a member no class attribute describes: an instance attribute, or
     one its class's ``__getattr__`` makes (often an async method: returns= is the fix)."""
     try:
@@ -229,15 +303,33 @@ def _dynamic_refusal(target: object, name: str) -> LoopAffinityError:
     except AttributeError:
         own = {}
     cls_name = type(target).__qualname__
+    cls = type(target)
     if name in own:
-        return refusal(cls_name, name, own[name], " (an instance attribute)")
-    return refusal(cls_name, name, None, f" (made by {cls_name}.__getattr__)")
+        return refusal(cls_name, name, own[name], " (an instance attribute)", cls, owner_name)
+    return refusal(cls_name, name, None, f" (made by {cls_name}.__getattr__)", cls, owner_name)
 
 
 def refuse_setattr(self: object, name: str, value: object = None) -> None:
-    raise LoopAffinityError(
-        f"cannot set or delete {name!r} through a proxy: state of a loop-affine object "
-        "changes only on its owner loop (call an async method that does it)"
+    try:
+        cls_name = type(object.__getattribute__(self, "_lb_target")).__qualname__
+    except AttributeError:
+        cls_name = type(self).__qualname__
+    target = code_name(cls_name)
+    raise refuse(
+        Advice(
+            f"{cls_name}.{name} cannot be set or deleted through a proxy",
+            [
+                Fix(
+                    "owner",
+                    f"setattr(loopbridge.unwrap({target}), {name!r}, value)",
+                    "",
+                    "",
+                    target,
+                )
+            ],
+            "State of a loop-affine object changes only on its owner loop (there, or in an "
+            "async method that does it).",
+        )
     )
 
 
@@ -279,9 +371,15 @@ def proxy(
         return obj
     ownership = ownership_of(obj)
     if ownership is None:
-        raise LoopAffinityError(
-            f"{type(obj).__qualname__} object is not loop-affine: decorate its class with "
-            "@loop_affine, or declare the instance with loopbridge.adopt(obj, loop=...)"
+        target = code_name(type(obj).__qualname__)
+        raise refuse(
+            Advice(
+                f"loopbridge.proxy() was given a {type(obj).__qualname__} object, which is "
+                "not loop-affine",
+                [Fix("owner", f"loopbridge.adopt({target})", "", "first", target)],
+                "adopt() on the loop that owns it declares the instance; @loop_affine declares "
+                "every instance of a class you write.",
+            )
         )
     if stream_window < 1:
         raise ValueError(f"stream_window must be at least 1, not {stream_window}")
@@ -297,7 +395,23 @@ def _new_proxy(obj: T, ownership: Ownership, window: int, grace: float, eager: b
     setattr_(p, "_lb_target", obj)
     setattr_(p, "_lb_ownership", ownership)
     setattr_(p, "_lb_opts", Options(ownership, window, grace, eager, call_result))
+    setattr_(p, "_lb_attrs", None)
+    setattr_(p, "_lb_blocking", None)
     return p
+
+
+def blocking_members(p: object) -> dict[str, object]:
+    """Where the blocking faces of proxy ``p`` that have no timeout keep the members
+    they bind: one dict for all of them, so ``blocking(p).m(...)`` binds ``m`` once
+    per proxy, not once per face.  A bound member holds the target and the
+    proxy's settings, never the proxy or a face.  Anything else: a new dict."""
+    if not is_proxy(p):
+        return {}
+    members: dict[str, object] | None = object.__getattribute__(p, "_lb_blocking")
+    if members is None:  # two threads may both make one: either dict is right
+        members = {}
+        object.__setattr__(p, "_lb_blocking", members)
+    return members
 
 
 S = TypeVar("S")

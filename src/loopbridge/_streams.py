@@ -17,6 +17,16 @@ generator there, so its ``finally`` blocks and ``except GeneratorExit`` /
 ``except CancelledError`` handlers run on the loop that owns its state.  This is
 how vLLM's ``generate()`` aborts a request.
 
+Once the consumer is done with a stream (it saw the end, closed it, was
+cancelled while waiting, or dropped it) the stream is *finished* for it, as a
+native async generator is once closed or ended: the buffer is emptied and every
+later ``__anext__`` raises ``StopAsyncIteration``, whatever the owner side's
+outcome is or becomes.  A stream whose owner side ran to its end is counted
+when its consumer is done, not when the owner finished: completed if the
+consumer took every item, cancelled (and a consumer close, for ``aclose()`` /
+``close()``) if it left items untaken.  Whichever of the two sides comes second
+counts it (``Channel.end_latch``).
+
 Flag protocol (GIL-ordered, no lock): the side that parks sets its waiter, then
 its ``parked`` flag, then re-checks the condition; the side that makes progress
 changes the condition, then tests the flag.  One of the two always sees the other.
@@ -25,6 +35,7 @@ changes the condition, then tests the flag.  One of the two always sees the othe
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Coroutine, Iterator
@@ -33,7 +44,8 @@ from typing import Any, Generic, TypeVar
 from . import _interleave
 from ._calls import cancel_message
 from ._construction import NoPublicConstructor
-from ._errors import LoopAffinityError
+from ._errors import Advice, Fix, LoopAffinityError, refuse, uses
+from ._metrics import Counters
 from ._operation import Operation, chain, check_block, check_queued
 from ._outcome import CANCELLED, ERROR, OK, PENDING, REQUESTED
 from ._ownership import on_owner_thread
@@ -44,6 +56,12 @@ __all__ = ["RemoteStream", "BlockingStream", "Channel"]
 
 Y = TypeVar("Y")
 _perf = time.perf_counter
+
+#: Where a stream's owner side counts an OK end: nowhere (the count is made
+#: when the consumer is done with the stream; see Channel.count_end).
+_NOT_COUNTED = itertools.count()
+#: What the second of the two sides to be done with a stream pops off its latch.
+_SECOND, _FIRST = "second", "first"
 
 
 class Channel(Operation):
@@ -66,13 +84,18 @@ class Channel(Operation):
         "t_parked",
         "ahead",
         "unread_latch",
+        "finished",
+        "end_latch",
+        "left",
     )
 
     kind = "stream"
 
     def __init__(self, *args: Any, ahead: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # nobody to wake until iteration starts
-        self.counters = self.opts.metrics.streams
+        # An OK end is counted once the consumer is done (count_end), not at settle.
+        s = self.opts.metrics.streams
+        self.counters = Counters(s.submitted, _NOT_COUNTED, s.outcome[ERROR], s.outcome[CANCELLED])
         window = self.opts.window
         if window < 1:
             raise ValueError(f"stream window must be at least 1, not {window}")
@@ -82,6 +105,12 @@ class Channel(Operation):
         # own); n: at most n items beyond what the consumer asked for.
         self.ahead: int | None = None
         self.unread_latch = [True]  # popped by whoever counts the unread items, once
+        # The consumer is done with the stream: every later __anext__ ends it.
+        self.finished = False
+        # Popped once by the owner (settled) and once by the consumer (done).
+        self.end_latch = [_SECOND, _FIRST]
+        # How the consumer left (early, closing), written before it pops the latch.
+        self.left = (False, False)
         if ahead is not None:
             self.set_ahead(ahead)
         self.buf: deque[Any] = deque()
@@ -119,6 +148,8 @@ class Channel(Operation):
         self.opts.metrics.stream_ended(self)
         if self.cancel is REQUESTED:  # the consumer left: nothing buffered is taken now
             self.count_unread()
+        if self.end_latch.pop() is _SECOND:  # the consumer was done first
+            self.count_end()
         if self.parked:
             self.parked = False
             self.waker.wake(self)
@@ -166,6 +197,8 @@ class Channel(Operation):
         if _interleave.hook is not None:
             _interleave.hook("stream.buffer_empty")
         self.count_taken()
+        if self.finished:  # closed or ended for its consumer already
+            raise StopAsyncIteration
         if self.outcome is not PENDING and not self.buf:
             self.raise_end()
         # On demand, parking asks for one more item; batched, it returns all credit.
@@ -197,9 +230,47 @@ class Channel(Operation):
         return False
 
     def raise_end(self) -> None:
+        """The consumer reached the end: StopAsyncIteration, or the owner side's
+        error, once; StopAsyncIteration from then on."""
+        if self.finished:
+            raise StopAsyncIteration
+        self.consumer_done(closing=False)
         if self.outcome is OK:
             raise StopAsyncIteration
         self.raise_outcome()
+
+    def consumer_done(self, closing: bool) -> None:
+        """The consumer is done with the stream (it saw the end, closed or dropped
+        it, or was cancelled while waiting); the first time only.
+
+        Nothing buffered is handed out from now on.  ``closing``: it closed the
+        stream itself (``aclose()``, ``close()``) and no consumer close was counted
+        for it yet.
+        """
+        if self.finished:
+            return
+        self.finished = True
+        self.count_taken()
+        # Early: before the owner side ended (it may end OK yet, racing the
+        # close), or with items it never took.
+        self.left = (self.outcome is PENDING or bool(self.buf), closing)
+        if self.end_latch.pop() is _SECOND:  # the owner side was done first
+            self.count_end()
+
+    def count_end(self) -> None:
+        """Count an owner side that ended OK, once both sides are done: completed,
+        or, if the consumer left early, cancelled (and, if it closed the stream
+        itself, a consumer close)."""
+        if self.outcome is not OK or self.owner is None:  # counted at settle, or never ran
+            return
+        streams = self.opts.metrics.streams
+        early, closing = self.left
+        if not early:
+            next(streams.outcome[OK])
+            return
+        if closing:
+            self.count_give_up()
+        next(streams.outcome[CANCELLED])
 
     def park_begins(self) -> bool:
         """Raise the consumer's flag; False when there is no need to wait after all."""
@@ -350,9 +421,12 @@ class RemoteStream(Generic[Y]):
             from ._wakers import trio_waker
 
             if not in_trio_run():
-                raise LoopAffinityError(
-                    f"iterating {ch.description} needs a running asyncio loop or trio; "
-                    "from a plain thread use loopbridge.blocking(p)"
+                raise refuse(
+                    Advice(
+                        f"iterating {ch.description} needs a running asyncio loop or trio",
+                        [Fix("thread", uses(ch.description)[1], target="p")],
+                        "p is the proxy; its blocking face iterates on this thread.",
+                    )
                 )
             waker = trio_waker(trio_port())
         self._waker = ch.waker = waker
@@ -391,18 +465,26 @@ class RemoteStream(Generic[Y]):
         """Close the owner-side generator; wait (bounded) for its cleanup."""
         ch = self._ch
         ch.count_taken()
-        if ch.caller_gives_up(msg):
-            await waker.wait_settled(ch, ch.opts.grace)
-        ch.count_unread()
-        ch.buf.clear()
+        gave_up = ch.caller_gives_up(msg)
+        try:
+            if gave_up:
+                await waker.wait_settled(ch, ch.opts.grace)
+        finally:
+            _finish(ch, closing=not gave_up)
 
     async def aclose(self) -> None:
-        """Close the owner-side generator on the owner loop and wait for its cleanup."""
+        """Close the owner-side generator on the owner loop and wait for its cleanup.
+
+        From then on the stream is finished, as a closed native generator is:
+        ``__anext__`` raises ``StopAsyncIteration``, whatever was buffered."""
+        ch = self._ch
+        if ch.finished:
+            return
         waker = self._waker
-        if self._ch.close_needed(waker is not None) and waker is not None:
+        if ch.close_needed(waker is not None) and waker is not None:
             await self._close_and_wait(waker, None)
-        else:
-            self._ch.count_unread()  # ended already: what it read ahead stays unread
+        else:  # ended already (or never started): what it read ahead stays unread
+            _finish(ch, closing=True)
 
     async def asend(self, value: None) -> Y:
         if value is not None:
@@ -410,6 +492,11 @@ class RemoteStream(Generic[Y]):
         return await self.__anext__()
 
     async def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> Y:
+        """Close the owner-side generator (as :meth:`aclose`) and raise the exception
+        here; on a stream that is finished already, return None, as a finished
+        native generator's ``athrow`` does."""
+        if self._ch.finished:
+            return None  # type: ignore[return-value]
         await self.aclose()
         exc = (
             typ
@@ -422,10 +509,7 @@ class RemoteStream(Generic[Y]):
         # Dropped without being exhausted or closed (e.g. `break` out of
         # `async for`): close the generator on its owner, without waiting.
         if self._waker is not None:
-            ch = self._ch
-            ch.count_taken()
-            if not ch.request_cancel(None):
-                ch.count_unread()  # ended already (else the owner counts when it stops)
+            _drop(self._ch)
 
 
 # ------------------------------------------------------------- thread consumer
@@ -446,9 +530,13 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
     def _begin(self, here: Port | None) -> ThreadWaker:
         ch = self._ch
         if on_owner_thread(ch.opts.ownership):
-            raise LoopAffinityError(
-                f"blocking iteration of {ch.description} on the owner loop's own thread would "
-                "deadlock: use `async for` on loopbridge.proxy(obj) instead"
+            raise refuse(
+                Advice(
+                    f"blocking iteration of {ch.description} on the owner loop's own thread "
+                    "would deadlock",
+                    [Fix("owner", uses(ch.description)[0], target="p", say="use async for on")],
+                    "A blocking iteration waits for the loop this thread runs.",
+                )
             )
         if here is not None:  # before anything runs on the owner
             self._refuse_cycle(ch, ch.opts.ownership.port(), here)
@@ -521,21 +609,26 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
                 check_queued(ch, here)
         except LoopAffinityError:
             ch.count_taken()
-            if not ch.close_needed(self._waker is not None) or not ch.caller_gives_up(None):
-                ch.count_unread()  # else the owner side counts them when it stops
+            needed = ch.close_needed(self._waker is not None)
+            gave_up = needed and ch.caller_gives_up(None)
+            _finish(ch, closing=not gave_up)  # without waiting: see above
             raise
 
     def close(self) -> None:
         """Close the owner-side generator on the owner loop; wait (bounded) for cleanup."""
         ch = self._ch
+        if ch.finished:
+            return
         waker = self._waker
         if not ch.close_needed(waker is not None) or waker is None:
-            ch.count_unread()
+            _finish(ch, closing=True)  # ended already (or never started)
             return
-        if ch.caller_gives_up(None):
-            waker.wait_settled(ch, ch.opts.grace)
-        ch.count_unread()
-        ch.buf.clear()
+        gave_up = ch.caller_gives_up(None)
+        try:
+            if gave_up:
+                waker.wait_settled(ch, ch.opts.grace)
+        finally:
+            _finish(ch, closing=not gave_up)
 
     def __enter__(self) -> BlockingStream[Y]:
         return self
@@ -545,7 +638,22 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
 
     def __del__(self) -> None:
         if self._waker is not None:
-            ch = self._ch
-            ch.count_taken()
-            if not ch.request_cancel(None):
-                ch.count_unread()
+            _drop(self._ch)
+
+
+def _finish(ch: Channel, closing: bool) -> None:
+    """The consumer closed the stream (and waited, if it had to): what is still
+    buffered is never handed out."""
+    ch.count_unread()
+    ch.consumer_done(closing)
+    ch.buf.clear()
+
+
+def _drop(ch: Channel) -> None:
+    """The consumer dropped a started stream: close its owner side, without waiting."""
+    if ch.finished:
+        return
+    ch.count_taken()
+    if not ch.request_cancel(None):
+        ch.count_unread()  # ended already (else the owner counts when it stops)
+    ch.consumer_done(closing=False)

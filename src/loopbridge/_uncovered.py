@@ -15,7 +15,10 @@ Invariants:
 * awaiting an awaitable one (a Future, a Task, a coroutine) is marshalled to the
   owner loop, as awaiting it there is always right; what it gives is checked in
   turn; every other member, special methods included, raises;
-* ``unwrap`` gives the object behind it, for use on its owner loop.
+* ``unwrap`` gives the object behind it, for use on its owner loop;
+* the error names the member that gave it back and the rule to declare, as
+  code (:func:`uncovered_advice`): what that member already declares is kept,
+  so the code replaces the user's rule whole.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from collections.abc import Callable
 from typing import cast
 
 from ._codegen import Maker, make_class
-from ._errors import LoopAffinityError
+from ._errors import Advice, Fix, LoopAffinityError, refuse
 from ._faces import SEALED, Crossing, await_member, register
-from ._members import MemberKind, classify, is_special
+from ._members import MemberKind, classify, declare_site, is_special
 from ._operation import Options
 from ._ownership import Ownership
+from ._returns import Owned
 
-__all__ = ["uncovered", "is_uncovered"]
+__all__ = ["uncovered", "uncovered_advice", "is_uncovered", "rule_code"]
 
 _MARKER = "__loopbridge_uncovered__"
 
@@ -40,8 +44,61 @@ def is_uncovered(obj: object) -> bool:
     return bool(getattr(type(obj), _MARKER, False))
 
 
-def uncovered(value: object, msg: str, opts: Options) -> object:
-    """``value`` behind a tripwire whose members raise ``msg``."""
+def rule_code(rule: Owned) -> str:
+    """``rule`` as the code that makes it (``loopbridge.Owned(stable=('a',))``)."""
+    parts = []
+    if rule.stable:
+        parts.append(f"stable={tuple(sorted(rule.stable))!r}")
+    if rule.threadsafe:
+        parts.append(f"threadsafe={tuple(sorted(rule.threadsafe))!r}")
+    if rule.returns:
+        inner = ", ".join(f"{k!r}: {rule_code(v)}" for k, v in rule.returns.items())
+        parts.append(f"returns={{{inner}}}")
+    return f"loopbridge.Owned({', '.join(parts)})"
+
+
+#: How the faces name a protocol step of a member's result (``_pending``, ``_faces``).
+_STEPS = (("entering ", "__aenter__"), ("awaiting ", "__await__"), ("iterating ", "__anext__"))
+
+
+def _member_and_step(what: str) -> tuple[str | None, str | None]:
+    """``("stream", "__aenter__")`` for ``entering AsyncClient.stream()``; ``(None,
+    "__await__")`` for ``awaiting a Foo object``; ``("get", None)`` for ``Foo.get()``."""
+    for prefix, step in _STEPS:
+        if what.startswith(prefix):
+            rest = what[len(prefix) :]
+            if rest.startswith("a ") and rest.endswith(" object"):
+                return None, step
+            return rest.rsplit(".", 1)[-1].removesuffix("()"), step
+    return what.rsplit(".", 1)[-1].removesuffix("()"), None
+
+
+def uncovered_advice(what: str, value: object, found: str, ownership: Ownership) -> Advice:
+    """The refusal of ``value``, which ``what`` gave back holding loop-bound state
+    (``found``) with no rule for it: the rule to declare, as code."""
+    member, step = _member_and_step(what)
+    if member is None or step is None:
+        key = member if step is None else step
+        code = f"returns={{{key!r}: loopbridge.Owned()}}"
+    else:
+        old = ownership.returns.get(member) or Owned()
+        rule = Owned(
+            stable=old.stable, threadsafe=old.threadsafe, returns={**old.returns, step: Owned()}
+        )
+        code = f"returns={{{member!r}: {rule_code(rule)}}}"
+    awaitable = hasattr(type(value), "__await__")
+    return Advice(
+        f"{what} gave back a {type(value).__qualname__} object that holds loop-bound state "
+        "no returns rule covers",
+        [Fix("declare", code, declare_site(ownership.name))],
+        f"It cannot be used off its owner loop ({found}){'; awaiting it can' if awaitable else ''}"
+        "; with the rule it comes back as a proxy. On the owner loop, loopbridge.unwrap "
+        "gives the object.",
+    )
+
+
+def uncovered(value: object, advice: Advice, opts: Options) -> object:
+    """``value`` behind a tripwire whose members raise the refusal ``advice`` renders."""
     cls = type(value)
     made = _classes.get(cls)
     if made is None:
@@ -49,7 +106,7 @@ def uncovered(value: object, msg: str, opts: Options) -> object:
     tcls, maker = made
     t: object = maker(tcls)
     object.__setattr__(t, "_lb_target", value)
-    object.__setattr__(t, "_lb_refusal", msg)
+    object.__setattr__(t, "_lb_refusal", advice)
     object.__setattr__(t, "_lb_opts", opts)  # awaiting it: on the owner (see _tripwire_class)
     return t
 
@@ -72,7 +129,8 @@ class _Tripped:
 
 
 def _tripped(obj: object, name: str) -> LoopAffinityError:
-    return LoopAffinityError(f"{object.__getattribute__(obj, '_lb_refusal')} (used: .{name})")
+    said: Advice = object.__getattribute__(obj, "_lb_refusal")
+    return refuse(Advice(f"{said.problem} (used: .{name})", said.fixes, said.why))
 
 
 def _tripped_special(name: str) -> Callable[..., object]:

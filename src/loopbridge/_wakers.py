@@ -11,7 +11,18 @@ between them; calls and streams use the same ones:
   has at the time: a transfer moves it), and lets the caller's own
   cancellation through;
 * ``wait_settled(op, grace)`` waits, cancel-proof and bounded, for the owner
-  side to finish after a cancel request.
+  side to finish after a cancel request: at most ``grace`` seconds, and only
+  while the owner loop answers.  Each round probes the owner loop (a no-op
+  posted to its port); once a probe has gone unanswered for
+  :data:`UNRESPONSIVE_S` the owner loop is blocked or stopped, and the caller
+  stops waiting: the owner-side cancel goes on without it.  So a caller that
+  gives up regains control within ``UNRESPONSIVE_S`` of giving up when its
+  owner loop does not run, and a call the owner never started costs no wait at
+  all (it is taken back: ``Operation.caller_gives_up``);
+* :func:`leave` marks an operation its caller stopped waiting for while still
+  pending: the owner side goes on, and a result it settles with afterwards is
+  counted as dropped (``results_dropped`` in the metrics) instead of waking
+  anyone.
 
 On an asyncio loop, ``park`` is the port's own :meth:`~loopbridge._ports.Port.park`,
 ``new_waiter`` the loop's future type and ``wake`` posts the port's
@@ -30,10 +41,12 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ._labels import loop_and_thread
+from ._lag import overdue_s
 from ._operation import Operation
-from ._outcome import PENDING
+from ._outcome import OK, PENDING
 from ._ports import LIVENESS_INTERVAL, PORT_ATTR, Port, running_port, unpark_waiter
 
 if TYPE_CHECKING:
@@ -47,9 +60,18 @@ __all__ = [
     "new_loop_waker",
     "trio_waker",
     "thread_waker",
+    "leave",
+    "owner_silence",
+    "timeout_message",
+    "UNRESPONSIVE_S",
 ]
 
 _perf = time.perf_counter
+
+#: A caller waiting for the owner side's cleanup stops waiting once the owner
+#: loop has left a probe unanswered this long (seconds): the loop is blocked or
+#: stopped.  The bound a caller's timeout or cancel adds to its own wait.
+UNRESPONSIVE_S = 0.2
 
 
 class _PortWaker:
@@ -188,19 +210,23 @@ class ThreadWaker:
 
     def park(self, op: Operation, timeout: float | None = None) -> None:
         """Wait until woken; ``timeout``: raise ``TimeoutError`` after that many seconds."""
+        if not self.wait(op, timeout):
+            assert timeout is not None
+            raise TimeoutError(timeout_message(op, timeout, "cancelled"))
+
+    def wait(self, op: Operation, timeout: float | None = None) -> bool:
+        """Wait until woken: True; False once ``timeout`` seconds have passed first."""
         lock: threading.Lock = op.waiter
         if timeout is None:
             while not lock.acquire(timeout=LIVENESS_INTERVAL):
                 _check_owner(op)
-            return
+            return True
         deadline = _perf() + timeout
         while not lock.acquire(timeout=max(0.0, min(LIVENESS_INTERVAL, deadline - _perf()))):
             if _perf() >= deadline:
-                raise TimeoutError(
-                    f"{op.description} gave no result within {timeout} s (the blocking "
-                    "face's timeout); it is cancelled on its owner loop"
-                )
+                return False
             _check_owner(op)
+        return True
 
     def wait_settled(self, op: Operation, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
@@ -221,22 +247,152 @@ def _rounds(
 ) -> Iterator[float]:
     """The waits of ``wait_settled``: arm, raise the flag, re-check, then yield a timeout.
 
-    Ends when the operation is settled or ``grace`` has passed.  The timeout is
-    at most the liveness interval, so each round can check the owner is alive.
+    Ends when the operation is settled, ``grace`` has passed, or the owner loop
+    has left a probe unanswered for ``UNRESPONSIVE_S``.  The timeout is at most
+    the liveness interval, so each round can check the owner is alive; a probe
+    is posted whenever the last one was answered.
     """
-    deadline = _perf() + grace
+    now = _perf()
+    deadline = now + grace
+    op.answered = 0.0
+    _probe(op, now)
     try:
         while op.outcome is PENDING:
-            remaining = deadline - _perf()
+            now = _perf()
+            remaining = deadline - now
             if remaining <= 0:
                 return
+            if op.answered >= op.probed:  # the owner loop runs: ask again
+                _probe(op, now)
+            elif now - op.probed >= UNRESPONSIVE_S:
+                return  # the owner loop does not run: its cancel goes on without us
             op.waiter = waker.new_waiter()
             op.parked = True
             if op.outcome is not PENDING:
                 return
-            yield min(LIVENESS_INTERVAL, remaining)
+            yield min(LIVENESS_INTERVAL, remaining, op.probed + UNRESPONSIVE_S - now)
     finally:
         op.parked = False
+
+
+def _probe(op: Operation, now: float) -> None:
+    """Ask the owner loop of ``op`` to answer (a waiting caller; the cancel path only)."""
+    op.probed = now
+    owner = op.owner
+    if owner is not None:
+        try:
+            owner.post(_answer, op)
+        except BaseException:  # the owner is gone: die() settles op
+            pass
+
+
+def _answer(op: Operation) -> None:
+    """A probe, run by the owner loop: it runs."""
+    op.answered = _perf()
+
+
+class _Left:
+    """The waker of an operation its caller stopped waiting for while it was still
+    pending (see :func:`leave`): a result it settles with is counted, not delivered."""
+
+    __slots__ = ("claim", "label", "thread_id", "foreign_context")
+
+    def __init__(self, waker: Any) -> None:
+        # One item: the first of the caller and the settling side to pop it
+        # owns the outcome (list.pop is atomic); the other finds it empty.
+        self.claim = [True]
+        self.label = f"{waker.label} (gone)"
+        self.thread_id = waker.thread_id
+        self.foreign_context: bool = getattr(waker, "foreign_context", False)
+
+    def wake(self, op: Operation) -> None:
+        try:
+            self.claim.pop()
+        except IndexError:  # the caller saw the outcome first and took it
+            return
+        if op.outcome is OK:
+            op.opts.metrics.result_dropped()
+
+
+def leave(op: Operation) -> bool:
+    """The caller stops waiting for ``op`` (caller thread).  True: it left, and
+    what ``op`` settles with later is counted, not delivered.  False: ``op``
+    settled meanwhile, and the caller takes its outcome.
+
+    GIL-ordered: the caller writes ``op.waker`` then reads the outcome; a
+    settle writes the outcome then reads ``op.waker``.  When both see the
+    other, the claim decides.
+    """
+    left = _Left(op.waker)
+    op.waker = left
+    if op.outcome is PENDING:
+        return True
+    try:
+        left.claim.pop()
+    except IndexError:  # the settling side saw the new waker and counted it
+        return True
+    return False
+
+
+def owner_silence(op: Operation) -> float:
+    """Seconds for which the owner loop of ``op`` has certainly not run (0.0:
+    it answered lately), after its caller gave up on it (caller thread).
+
+    A start still queued says its port was not drained since the submission;
+    an unanswered probe, since that probe; an overdue lag monitor timer
+    (:func:`loopbridge.metrics.monitor_lag`), since it was due.
+    """
+    now = _perf()
+    owner = op.owner
+    since = now
+    if not op.t_start:
+        since = op.t_submit
+    else:
+        probed = getattr(op, "probed", now)
+        if getattr(op, "answered", 0.0) < probed:
+            since = probed
+    overdue = overdue_s(owner.loop) if owner is not None else 0.0
+    return max(now - since, overdue)
+
+
+def timeout_message(op: Operation, timeout: float, how: str) -> str:
+    """Why a blocking call gave up after ``timeout`` seconds.
+
+    ``how``: ``"taken back"`` (the owner never started it), ``"left"`` (the
+    owner loop did not answer, so the caller did not wait for its cancel) or
+    ``"cancelled"`` (cancelled on the owner, which answered).
+    """
+    owner = op.owner
+    where = "its owner loop"
+    running = True
+    if owner is not None:
+        where = f"its owner loop, {loop_and_thread(owner.loop, owner.thread_id)},"
+        running = owner.is_running()
+    head = f"{op.description} gave no result within {timeout} s (the blocking face's timeout)"
+    if how == "cancelled":
+        return (
+            f"{head} and was cancelled on {where.rstrip(',')}: give it a larger timeout "
+            "(blocking(p, timeout=...)) if it needs longer."
+        )
+    silent = owner_silence(op)
+    if running:
+        state = f"has not run for {silent:.2f} s"
+        fix = (
+            "unblock that loop (move blocking or CPU-bound work off it, with "
+            "asyncio.to_thread or loop.run_in_executor) or give the call a larger timeout"
+        )
+    else:
+        state = f"is stopped and has not run for {silent:.2f} s"
+        fix = "run that loop (calls wait until it runs again) or give the call a larger timeout"
+    if how == "taken back":
+        return (
+            f"{head}: {where} {state}, so the call never started, and was taken back "
+            f"(it will not run there); {fix}."
+        )
+    return (
+        f"{head}: {where} {state}; {fix}. The call is cancelled there, and goes on "
+        "without this caller until that loop runs again."
+    )
 
 
 def loop_waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:

@@ -36,9 +36,12 @@ __all__ = [
 
 
 class ExitReason(str, enum.Enum):
-    """Why a threaded server stopped by itself."""
+    """Why a threaded server stopped by itself (a stop that was asked for leaves
+    ``exit_reason`` None)."""
 
     ENGINE_DIED = "engine died"
+    #: The engine was shut down on purpose while the server still served.
+    ENGINE_SHUT_DOWN = "the engine was shut down"
     OWNER_LOOP_STOPPED = "the engine's owner loop stopped"
 
 

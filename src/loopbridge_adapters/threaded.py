@@ -36,9 +36,15 @@ Invariants:
   the cause, not the symptom, is the exit reason.
 * **One address.** The server listens on the socket it is given (adopted: made
   non-blocking, TCP_NODELAY) or binds ``host:port`` itself (:meth:`_listen`; port 0:
-  a free one); :attr:`host`, :attr:`port` and :attr:`url` are the bound address
-  (``unix:PATH`` with port 0 for a Unix socket, as vLLM's launcher announces it; the
-  scheme is :meth:`_scheme`'s).
+  a free one; an address it cannot bind, a busy port say, raises the start error
+  naming the address and the fix); :attr:`host`, :attr:`port` and :attr:`url` are the
+  bound address (``unix:PATH`` with port 0 for a Unix socket, as vLLM's launcher
+  announces it; the scheme is :meth:`_scheme`'s).
+* **Cut requests are one line each.** A request still running when the grace runs
+  out is cancelled; uvicorn would log each as ``Exception in ASGI application`` with
+  a traceback at ERROR. While a server serves, those records (a cancellation, and
+  nothing else) become one WARNING line each naming the stop, and uvicorn's count
+  of them a WARNING.
 * **The switch interval** (``switch_interval``, default 1 ms; None: the
   interpreter's, untouched) holds while the server serves, and comes back when it
   stops: :mod:`loopbridge_adapters.switch_interval`.
@@ -61,6 +67,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import threading
@@ -75,7 +82,7 @@ from .switch_interval import (
     serving_switch_interval,
 )
 
-__all__ = ["OWNER_STOPPED_TICKS", "ServerStartError", "ThreadedServer"]
+__all__ = ["OWNER_STOPPED_TICKS", "ServerStartError", "ThreadedServer", "listen_failure"]
 
 # The owner loop must be seen stopped on this many watchdog checks in a row: a loop
 # driven by repeated run_until_complete() calls is briefly not running.
@@ -86,6 +93,17 @@ _S = TypeVar("_S", bound="ThreadedServer")
 
 class ServerStartError(RuntimeError):
     """The server failed before it accepted connections (each adapter exports it)."""
+
+
+def listen_failure(host: str, port: int, exc: OSError) -> str:
+    """What a server started by a library call says when ``host:port`` cannot be bound."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {where}: port {port} is already in use; stop the process "
+            "that listens on it, or pass another port= (port=0 picks a free one)"
+        )
+    return f"cannot listen on {where}: {exc.strerror or exc}; check host= and port="
 
 
 async def _handlers_ended(server: Any) -> None:
@@ -99,6 +117,57 @@ async def _handlers_ended(server: Any) -> None:
     pending = [task for task in server.server_state.tasks if not task.done()]
     if pending:
         await asyncio.wait(pending)
+
+
+class _CutRequests(logging.Filter):
+    """uvicorn's report of a request its stop cancelled, as one WARNING line.
+
+    uvicorn logs every request handler that ends with an exception as ``Exception
+    in ASGI application`` with the traceback, at ERROR, and the count of those it
+    cancels at ERROR too; a cancellation there is the stop's own doing (the grace
+    ran out), not a failure of the app.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users = 0  # servers serving; guarded by _cut_lock
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if str(record.msg).startswith("Cancel %s running task(s), timeout graceful"):
+            # uvicorn's count of what the grace cut: the stop's doing, not a failure.
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        elif isinstance(exc, asyncio.CancelledError) and str(record.msg).startswith(
+            "Exception in ASGI application"
+        ):
+            record.msg = (
+                "a request still running when the server stopped was cut short (the "
+                "grace ran out); its client got no final response"
+            )
+            record.args = ()
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_cut = _CutRequests()
+_cut_lock = threading.Lock()
+_UVICORN_LOGGER = "uvicorn.error"
+
+
+@contextlib.contextmanager
+def _cut_requests_in_one_line() -> Any:
+    with _cut_lock:
+        if _cut.users == 0:
+            logging.getLogger(_UVICORN_LOGGER).addFilter(_cut)
+        _cut.users += 1
+    try:
+        yield
+    finally:
+        with _cut_lock:
+            _cut.users -= 1
+            if _cut.users == 0:
+                logging.getLogger(_UVICORN_LOGGER).removeFilter(_cut)
 
 
 class ThreadedServer(abc.ABC):
@@ -152,7 +221,7 @@ class ThreadedServer(abc.ABC):
         self._switch_interval = check_switch_interval(switch_interval)
         #: Serve on the engine's owner loop instead of a thread of its own.
         self.on_owner_loop = on_owner_loop
-        self._sock = self._listen(host, port) if sock is None else adopt_listener(sock)
+        self._sock = self._bound(host, port) if sock is None else adopt_listener(sock)
         bound = self._sock.getsockname()
         if self._sock.family == socket.AF_UNIX:
             self.host, self.port, self.url = str(bound), 0, f"unix:{bound}"
@@ -177,6 +246,13 @@ class ThreadedServer(abc.ABC):
         self._loop_thread = LoopThread(name, loop_factory=loop_factory(use_uvloop is not False))
         # What `thread` is before start(): a thread that never runs.
         self._not_started = threading.Thread(name=f"{name} (not started)")
+
+    def _bound(self, host: str, port: int) -> socket.socket:
+        """:meth:`_listen`, its failure a :class:`ServerStartError` naming the address."""
+        try:
+            return self._listen(host, port)
+        except OSError as exc:
+            raise self._start_error(listen_failure(host, port, exc)) from exc
 
     # -- the engine's part ----------------------------------------------------------
     def _listen(self, host: str, port: int) -> socket.socket:
@@ -414,7 +490,7 @@ class ThreadedServer(abc.ABC):
                 return
             self._server = server
         interval = serving_switch_interval(self._switch_interval, self._logger, self._kind)
-        with self._serving(server), interval:
+        with self._serving(server), interval, _cut_requests_in_one_line():
             serving = asyncio.create_task(server.serve(sockets=[self._sock]))
             watchdog = asyncio.create_task(self._watchdog(server))
             try:
@@ -449,5 +525,7 @@ class ThreadedServer(abc.ABC):
 
     def _exit_by_itself(self, server: Any, reason: ExitReason) -> None:
         self.exit_reason = reason
-        self._logger.error("%s; stopping the %s at %s", reason.value, self._kind, self.url)
+        # A shutdown that was asked for is no failure.
+        level = logging.WARNING if reason is ExitReason.ENGINE_SHUT_DOWN else logging.ERROR
+        self._logger.log(level, "%s; stopping the %s at %s", reason.value, self._kind, self.url)
         server.should_exit = True

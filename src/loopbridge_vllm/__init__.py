@@ -14,6 +14,8 @@ Importing this package does not import vLLM.
 from __future__ import annotations
 
 from .engine import (
+    EngineShutDown,
+    OffLoopCall,
     UnclassifiedMemberError,
     UnsupportedEngineConfig,
     adopt_engine,
@@ -25,14 +27,18 @@ from .engine import (
 from .server import (
     OpenAIServer,
     ServeArgsMismatch,
+    ServeOptionError,
     ServerStartError,
     astart_openai_server,
     start_openai_server,
 )
 
 __all__ = [
+    "EngineShutDown",
+    "OffLoopCall",
     "OpenAIServer",
     "ServeArgsMismatch",
+    "ServeOptionError",
     "ServerStartError",
     "UnclassifiedMemberError",
     "UnsupportedEngineConfig",

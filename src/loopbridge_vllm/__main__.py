@@ -97,13 +97,20 @@ class _Plan:
 
 def _plan(opts: argparse.Namespace, vllm_argv: list[str]) -> _Plan:
     """The ``vllm serve`` namespace and where to listen; :class:`_UsageError` if refused."""
+    from loopbridge_vllm._library_options import ServeOptionError, quiet
     from loopbridge_vllm._serve_options import given_options, refusals
     from loopbridge_vllm._vllm_releases.moved_imports import serve_arg_checks
     from loopbridge_vllm.server import _make_parser, import_parser_plugins
 
     parser = _make_parser()
-    given = given_options(_make_parser(), vllm_argv)
-    ns = parser.parse_args(["--model", opts.model, *vllm_argv])
+    if not any(a in ("-h", "--help") for a in vllm_argv):  # help prints, as stock's
+        # An unknown option or a bad value: one line, not vLLM's whole usage.
+        quiet(parser, "after '--'")
+    try:
+        ns = parser.parse_args(["--model", opts.model, *vllm_argv])
+        given = given_options(quiet(_make_parser(), "after '--'"), vllm_argv)
+    except ServeOptionError as exc:
+        raise UsageError(str(exc)) from exc
     # One source of truth for each setting: given twice is an error, not a choice.
     problems = listen_conflicts(opts, given)
     for dest in ("model_tag", "model"):

@@ -131,19 +131,32 @@ _ONE_SERVER = (
 )
 
 
-def _api_servers(ns: argparse.Namespace) -> int:
-    # Stock's default: as many API servers as data-parallel ranks (internal LB).
+def _several_api_servers(ns: argparse.Namespace) -> bool:
+    # --api-server-count itself asks for several.
     count = ns.api_server_count
-    return int(ns.data_parallel_size if count is None else count)
+    return count is not None and int(count) != 1 and not ns.headless
+
+
+def _one_api_server_per_rank(ns: argparse.Namespace) -> bool:
+    # Stock's default without --api-server-count: one API server per data-parallel
+    # rank (internal load balancing); the option the user gave is the rank count.
+    count = ns.api_server_count
+    return count is None and int(ns.data_parallel_size) != 1 and not ns.headless
 
 
 #: ``dest`` -> when it is refused, and what to do instead.
 REFUSED: dict[str, Refusal] = {
     "api_server_count": Refusal(
-        lambda ns: _api_servers(ns) != 1 and not ns.headless,
-        "stock would run several API server processes (it defaults to one per "
-        "data-parallel rank); pass --api-server-count 1 for one API server over "
-        "all ranks, or use stock `vllm serve` for several",
+        _several_api_servers,
+        "stock would run several API server processes; pass --api-server-count 1 "
+        "for one API server over all data-parallel ranks, or use stock `vllm serve` "
+        "for several",
+    ),
+    "data_parallel_size": Refusal(
+        _one_api_server_per_rank,
+        "with several data-parallel ranks stock runs one API server process per rank; "
+        "add --api-server-count 1 for one API server over all ranks, or use stock "
+        "`vllm serve` for several",
     ),
     "headless": Refusal(
         lambda ns: bool(ns.headless),

@@ -18,7 +18,14 @@ from a foreign thread:
   ``is_stopped``, and the ``check_health`` coroutine behind ``/health``) are
   read directly and never wait for the owner loop;
 * every other sync member is either declared thread-safe below, with the
-  reason, or refused with :class:`loopbridge.LoopAffinityError`.
+  reason, or refused with :class:`loopbridge.LoopAffinityError`;
+* an async or streamed member called from a thread with no running loop (and
+  outside trio) is refused at once with :class:`OffLoopCall`, naming
+  ``blocking(proxy)``: a pause, a weight update or a ``collective_rpc`` that
+  would build a coroutine nobody runs cannot silently not happen;
+* once :func:`shutdown_engine` has begun, every request still streaming ends at
+  once with :class:`EngineShutDown` (an error event on an HTTP stream), and
+  every later call through the proxy raises it.
 
 The member list is not written by hand. :func:`surface` derives it from the
 installed vLLM (the ``EngineClient`` protocol, ``AsyncLLM`` and the instance's
@@ -30,8 +37,11 @@ with :class:`UnclassifiedMemberError` instead of failing requests later.
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 import warnings
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from loopbridge import LoopAffinityError, is_proxy, proxy, unwrap
@@ -52,6 +62,8 @@ if TYPE_CHECKING:
 __all__ = [
     "KIND_RULES",
     "RULES",
+    "EngineShutDown",
+    "OffLoopCall",
     "Member",
     "Policy",
     "Rule",
@@ -61,6 +73,7 @@ __all__ = [
     "bind_owner_loop",
     "classify_surface",
     "engine_client_proxy",
+    "engine_shut_down",
     "is_engine_client_proxy",
     "shutdown_engine",
     "surface",
@@ -184,6 +197,105 @@ class UnsupportedEngineConfig(LoopAffinityError):
     """An engine option makes a sync member unsafe off the owner loop."""
 
 
+class OffLoopCall(LoopAffinityError):
+    """An engine proxy's async or streamed member was called where nothing can run it.
+
+    From a thread with no running event loop (and outside trio), the call would
+    build a coroutine or stream that nobody awaits: a pause, a weight update or
+    a ``collective_rpc`` would silently not happen. ``blocking(proxy)`` is the
+    face for plain threads.
+    """
+
+
+class EngineShutDown(LoopAffinityError):
+    """The engine was shut down (:func:`shutdown_engine`): it serves nothing more.
+
+    Requests still streaming when the shutdown began end with it, and every later
+    call through the engine's proxy raises it. Build a new engine to go on.
+    """
+
+
+def _shut_down_message(what: str) -> str:
+    return (
+        f"{what}: the engine was shut down (shutdown_engine), so it serves nothing "
+        "more; build a new engine (and its server) to go on"
+    )
+
+
+#: Engines whose shutdown has begun (shutdown_engine); read on every proxy call.
+_shut_down: weakref.WeakSet[Any] = weakref.WeakSet()
+_shut_down_lock = threading.Lock()
+
+
+def engine_shut_down(engine: Any) -> bool:
+    """Whether :func:`shutdown_engine` has begun for ``engine`` (or its proxy)."""
+    return unwrap(engine) in _shut_down
+
+
+def _in_trio() -> bool:
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _off_loop(name: str) -> OffLoopCall:
+    return OffLoopCall(
+        f"engine proxy .{name}() was called from thread {threading.current_thread().name!r}, "
+        "which runs no event loop, so nothing would run it (a pause or weight update "
+        f"would silently not happen): call loopbridge.blocking(proxy).{name}(...) there, "
+        f"or `await proxy.{name}(...)` inside a coroutine"
+    )
+
+
+def _checked(name: str, base: Callable[..., Any]) -> Callable[..., Any]:
+    """``base`` (a marshalled or streamed member of the proxy class), refused at once
+    off any loop and after the engine's shutdown."""
+
+    def member(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if unwrap(self) in _shut_down:
+            raise EngineShutDown(_shut_down_message(f"engine proxy .{name}()"))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if not _in_trio():
+                raise _off_loop(name) from None
+        return base(self, *args, **kwargs)
+
+    member.__name__ = name
+    # The blocking face runs vLLM's method, as for the member this wraps.
+    member.__wrapped__ = getattr(base, "__wrapped__", base)  # type: ignore[attr-defined]
+    return member
+
+
+_checked_classes: dict[type, type] = {}
+_checked_lock = threading.Lock()
+
+
+def _checked_class(pcls: type, engine: Any) -> type:
+    """The proxy class with every marshalled and streamed member checked (cached)."""
+    with _checked_lock:
+        cls = _checked_classes.get(pcls)
+        if cls is not None:
+            return cls
+        ns: dict[str, Any] = {"__slots__": ()}
+        for name, (_, rule) in classify_surface(type(engine), engine).items():
+            if rule is None or rule.policy not in (Policy.MARSHAL, Policy.STREAM):
+                continue
+            base = getattr(pcls, name, None)
+            if callable(base):
+                ns[name] = _checked(name, base)
+        cls = type(pcls)(pcls.__name__, (pcls,), ns)
+        cls.__module__ = pcls.__module__
+        cls.__qualname__ = pcls.__qualname__
+        _checked_classes[pcls] = cls
+        return cls
+
+
 def surface(engine_cls: type | None = None, instance: object | None = None) -> dict[str, Member]:
     """Every member of the installed engine surface, with its kind.
 
@@ -299,6 +411,11 @@ def engine_client_proxy(
     Raises :class:`UnclassifiedMemberError` if the installed vLLM has a member
     no rule covers, and :class:`UnsupportedEngineConfig` for options that make
     a sync member unsafe off the owner loop.
+
+    Its async and streamed members (``pause_generation``, ``collective_rpc``,
+    ``generate``, ...) raise :class:`OffLoopCall` when called from a thread that
+    runs no event loop: use ``loopbridge.blocking(proxy)`` there. After
+    :func:`shutdown_engine` they raise :class:`EngineShutDown`.
     """
     if is_engine_client_proxy(engine):
         return engine
@@ -308,7 +425,11 @@ def engine_client_proxy(
     # Re-derive the table for this instance: attributes added since adoption
     # (vLLM sets some lazily) must be classified too.
     _TABLE.declarations(surface(type(engine), engine))
-    return proxy(engine, stream_window=stream_window, cancel_grace=cancel_grace)
+    p = proxy(engine, stream_window=stream_window, cancel_grace=cancel_grace)
+    # Same slots, one more layer of members: each async or streamed member is
+    # refused at once where nothing could run it, and after the shutdown.
+    object.__setattr__(p, "__class__", _checked_class(type(p), engine))
+    return p
 
 
 def shutdown_engine(engine: Any, timeout: float = 10.0) -> None:
@@ -319,8 +440,15 @@ def shutdown_engine(engine: Any, timeout: float = 10.0) -> None:
     does in a threaded set-up), the handler can see the dying EngineCore first
     and report it as an engine failure. So the handler is stopped on the owner
     loop first (waiting at most ``timeout`` seconds), then ``shutdown`` runs.
+
+    From its first step the engine counts as shut down (:func:`engine_shut_down`):
+    every request still in flight ends at once with :class:`EngineShutDown` (a
+    server streaming it sends an error event saying so, and stops by itself),
+    and every later call through the engine's proxy raises it.
     """
     engine = unwrap(engine)
+    with _shut_down_lock:
+        _shut_down.add(engine)
     task = getattr(engine, "output_handler", None)
     if isinstance(task, asyncio.Task) and not task.done():
         loop = task.get_loop()
@@ -330,17 +458,51 @@ def shutdown_engine(engine: Any, timeout: float = 10.0) -> None:
             running = None
         if running is loop:
             task.cancel()  # delivered before the loop runs anything else
+            _end_in_flight(engine)
         elif not loop.is_closed():
 
             async def stop_handler() -> None:
                 task.cancel()
                 await asyncio.wait([task])
+                _end_in_flight(engine)
 
             try:
                 asyncio.run_coroutine_threadsafe(stop_handler(), loop).result(timeout)
             except (RuntimeError, TimeoutError):
                 pass  # loop stopped meanwhile: shutdown() below still cleans up
     engine.shutdown()
+
+
+def _end_in_flight(engine: Any) -> None:
+    """On the owner loop, with the output handler stopped: every request still in
+    flight ends with the shutdown's error (nothing else would ever end it)."""
+    processor = getattr(engine, "output_processor", None)
+    if processor is not None and getattr(processor, "request_states", None):
+        processor.propagate_error(_stream_error())
+
+
+_stream_error_class: list[type[BaseException]] = []
+
+
+def _stream_error() -> BaseException:
+    """:class:`EngineShutDown` as vLLM's ``generate`` re-raises it unchanged and its
+    serving layer reports it to the client: a subclass of its ``EngineDeadError``."""
+    if not _stream_error_class:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        message = _shut_down_message("the request was cut short")
+
+        class _ShutDownInFlight(EngineDeadError, EngineShutDown):
+            # What vLLM's error response sends to the client (0.33+; str() before).
+            CLIENT_MESSAGE = message
+
+            def __init__(self) -> None:
+                Exception.__init__(self, message)
+                self.__suppress_context__ = True
+
+        _ShutDownInFlight.__name__ = _ShutDownInFlight.__qualname__ = "EngineShutDown"
+        _stream_error_class.append(_ShutDownInFlight)
+    return _stream_error_class[0]()
 
 
 def is_engine_client_proxy(obj: object) -> bool:

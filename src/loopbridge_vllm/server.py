@@ -44,6 +44,15 @@ from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai
 
 from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from ._exporter import export_metrics
+from ._library_options import (
+    Listen,
+    ServeArgsMismatch,
+    ServeOptionError,
+    engine_contradictions,
+    library_refusals,
+    quiet,
+    quiet_parse,
+)
 from ._paused_admission import PausePolicy, PauseWatch, gate_paused, pause_policy
 from ._weight_version import WeightVersionTags
 
@@ -56,6 +65,7 @@ __all__ = [
     "ExitReason",
     "OpenAIServer",
     "ServeArgsMismatch",
+    "ServeOptionError",
     "ServerStartError",
     "astart_openai_server",
     "check_serve_args",
@@ -77,10 +87,6 @@ def _launchers() -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 def _make_parser() -> argparse.ArgumentParser:
     return make_arg_parser()
-
-
-class ServeArgsMismatch(ValueError):
-    """The ``vllm serve`` namespace says something else than the engine it serves."""
 
 
 def _engine_settings(client: EngineClient) -> dict[str, Any]:
@@ -130,7 +136,8 @@ def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Name
     stats logging, the reasoning parser, fault tolerance. ``extra`` adds
     ``vllm serve`` command-line options (``["--enable-auto-tool-choice", ...]``);
     one that contradicts the engine makes :func:`start_openai_server` raise
-    :class:`ServeArgsMismatch`. The access log is off unless ``extra`` turns it
+    :class:`ServeArgsMismatch`. An option vLLM's parser rejects raises
+    :class:`ServeOptionError` (never ``SystemExit``). The access log is off unless ``extra`` turns it
     on (``--enable-uvicorn-access-log`` on vLLM 0.33, ``--no-disable-uvicorn-access-log``
     on 0.32).
     """
@@ -145,7 +152,7 @@ def serve_args(client: EngineClient, extra: Sequence[str] = ()) -> argparse.Name
     if engine["reasoning_parser"]:
         argv += ["--reasoning-parser", engine["reasoning_parser"]]
     argv.append("--disable-uvicorn-access-log")
-    args = _make_parser().parse_args([*argv, *extra])
+    args = quiet_parse(_make_parser(), [*argv, *extra])
     if not any(a in ("--reasoning-parser", "--structured-outputs-config") for a in extra):
         # The engine's own structured-outputs config, reasoning parser included.
         args.structured_outputs_config = client.vllm_config.structured_outputs_config
@@ -426,6 +433,10 @@ class OpenAIServer(ThreadedServer):
         export_metrics(owner, f"{model} on {thread}")
 
     def _engine_exit(self) -> ExitReason | None:
+        from loopbridge_vllm.engine import engine_shut_down
+
+        if engine_shut_down(self.client):
+            return ExitReason.ENGINE_SHUT_DOWN  # its streams ended with an error event
         if self.client.errored and not _keep_alive_on_engine_death():
             return ExitReason.ENGINE_DIED
         return None
@@ -479,8 +490,8 @@ def _keep_alive_on_engine_death() -> bool:
 def start_openai_server(
     engine: Any,
     *,
-    host: str = "127.0.0.1",
-    port: int = 0,
+    host: str | None = None,
+    port: int | None = None,
     serve_argv: Sequence[str] = (),
     args: argparse.Namespace | None = None,
     grace: float = 5.0,
@@ -560,8 +571,8 @@ def start_openai_server(
 async def astart_openai_server(
     engine: Any,
     *,
-    host: str = "127.0.0.1",
-    port: int = 0,
+    host: str | None = None,
+    port: int | None = None,
     serve_argv: Sequence[str] = (),
     args: argparse.Namespace | None = None,
     grace: float = 5.0,
@@ -597,6 +608,9 @@ def _prepare(
     args: argparse.Namespace | None,
     shutdown_engine: bool,
     proxy_options: dict[str, Any],
+    host: str | None,
+    port: int | None,
+    sock: socket.socket | None,
     **server_options: Any,
 ) -> OpenAIServer:
     from loopbridge_vllm.engine import engine_client_proxy, is_engine_client_proxy
@@ -614,13 +628,45 @@ def _prepare(
         raise ServerStartError("the engine is not healthy") from client.dead_error
     if owner.is_closed():
         raise ServerStartError("the engine's owner loop is closed")
+    listen = Listen(host, port, sock is not None)
     if args is None:
         args = serve_args(client, serve_argv)
+        given = _given(serve_argv)
+    elif serve_argv:
+        raise ServeOptionError(
+            "serve_argv and args= both give the vllm serve options; give one (args= "
+            "replaces the whole namespace)"
+        )
+    else:
+        given = set()
+    refused = library_refusals(_make_parser(), args, given, listen)
+    if refused:
+        raise ServeOptionError("serve_argv: " + "; ".join(refused))
     check_serve_args(client, args)
+    wrong = engine_contradictions(_make_parser(), args, given, client.vllm_config)
+    if wrong:
+        raise ServeArgsMismatch("serve_argv contradicts the engine it serves: " + "; ".join(wrong))
     import_parser_plugins(args)
+    if "uds" in given:
+        sock = _bind_unix(args.uds)
+    else:
+        host = args.host if "host" in given else host
+        port = args.port if "port" in given else port
     return OpenAIServer(
         client,
         args=args,
         engine=client if shutdown_engine else None,
+        host="127.0.0.1" if host is None else host,
+        port=0 if port is None else port,
+        sock=sock,
         **server_options,
     )
+
+
+def _given(serve_argv: Sequence[str]) -> set[str]:
+    """``dest`` of every option ``serve_argv`` sets (parsed quietly)."""
+    from loopbridge_vllm._serve_options import given_options
+
+    if any(a in ("-h", "--help") for a in serve_argv):
+        quiet_parse(_make_parser(), serve_argv)  # refused, with its reason
+    return given_options(quiet(_make_parser()), list(serve_argv))

@@ -12,7 +12,9 @@ of hanging it.
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -109,3 +111,19 @@ def paused_at(il: Interleaving, point: str, action: Callable[[], Any]) -> Iterat
         il.release(point)
         t.join(BOUND)
         assert not t.is_alive(), f"the thread paused at {point} did not finish"
+
+
+def wait_until_waiting(thread: threading.Thread) -> None:
+    """Until ``thread`` waits in a blocking call's wait (``ThreadWaker.wait``, read
+    from its stack): a point with no hook, since the wait is where a signal lands."""
+    deadline = time.perf_counter() + BOUND
+    ident = thread.ident
+    assert ident is not None
+    while time.perf_counter() < deadline:
+        frame = sys._current_frames().get(ident)
+        while frame is not None:
+            if frame.f_code.co_name == "wait" and "_wakers" in frame.f_code.co_filename:
+                return
+            frame = frame.f_back
+        threading.Event().wait(0.001)
+    raise AssertionError(f"{thread.name} never waited in a blocking call")

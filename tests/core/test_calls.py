@@ -160,7 +160,7 @@ def test_unsupported_context_is_a_typed_error(engine: Engine) -> None:
 
     # Driving the coroutine by hand (no loop, no trio) must fail clearly.
     gen = driver().__await__()
-    with pytest.raises(lb.LoopAffinityError, match="asyncio loop or trio"):
+    with pytest.raises(lb.LoopAffinityError, match=r"loopbridge\.blocking\(p\)\.echo\(\.\.\.\)"):
         gen.send(None)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
 from typing import Any
 
 import pytest
@@ -30,7 +31,10 @@ def _member(rendering: str) -> Any:
 
 
 def _is_generic(member: Any) -> bool:
-    return GENERIC.self_name in member.__code__.co_varnames
+    # Before 3.12 an async member is a FunctionLikeMember, whose __code__ is the
+    # method's: the generated function is its class's __call__.
+    fn = member if isinstance(member, types.FunctionType) else type(member).__call__
+    return GENERIC.self_name in fn.__code__.co_varnames
 
 
 @pytest.mark.parametrize("rendering", RENDERINGS)

@@ -244,7 +244,7 @@ def test_uncovered_loop_bound_result_names_the_member(
             with pytest.raises(lb.LoopAffinityError) as err:
                 use()
             msg = str(err.value)
-            assert "Session.fetch_uncovered() returned a Response object" in msg
+            assert msg.startswith("Session.fetch_uncovered() gave back a Response object")
             assert "'_loop'" in msg and "returns={'fetch_uncovered':" in msg
         assert "no returns rule covers" in repr(resp)
         raw = lb.unwrap(resp)  # the object itself, for use on its owner loop

@@ -170,13 +170,16 @@ def test_collector_exports_items_read_ahead_and_never_delivered(
         it = p.three().__aiter__()
         first = await it.__anext__()
         # The owner's generator ran to its end: items 1 and 2 wait in the buffer.
-        await apoll_until(lambda: snap()["streams_completed"] == 1, "the generator ended")
+        # (Not counted completed: that waits for the consumer, who leaves them.)
+        ch = object.__getattribute__(it, "_ch")
+        await apoll_until(lambda: ch.outcome.value == "ok", "the generator ended")
         await it.aclose()  # the consumer leaves: both are lost to it
         return first
 
     assert value(scrape(registry), "loopbridge_stream_items_unread_total", object=OBJ_AHEAD) == 0
     assert asyncio.run(main()) == 0
     assert snap()["stream_items_unread"] == 2
+    assert (snap()["streams_completed"], snap()["streams_cancelled"]) == (0, 1)
     s = scrape(registry)
     assert value(s, "loopbridge_stream_items_unread_total", object=OBJ_AHEAD) == 2
     assert value(s, "loopbridge_stream_items_total", object=OBJ_AHEAD) == 1

@@ -12,6 +12,11 @@
 
 The apps record what a cancelled client does to the server (a disconnect, a
 cancelled RPC) in ``threading.Event``s that tests wait on.
+
+Every test here runs under the affinity sanitizer in ``raise`` mode (a
+``loopbridge_sanitize("raise")`` marker on each test that has none): a client
+used off its owner loop anywhere in a recipe, its streaming paths included,
+fails the test.  What shows a raw client's race does so in ``sanitize("off")``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -32,6 +38,15 @@ uvicorn = pytest.importorskip("uvicorn", reason="the recipes group is not instal
 T = TypeVar("T")
 
 CALLERS = ["asyncio", "uvloop", "trio"]
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The recipes' tests run with the sanitizer raising, unless a test says otherwise."""
+    for item in items:
+        inside = os.path.abspath(str(item.path)).startswith(_HERE + os.sep)
+        if inside and item.get_closest_marker("loopbridge_sanitize") is None:
+            item.add_marker(pytest.mark.loopbridge_sanitize("raise"))
 
 
 def run_in(kind: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:

@@ -124,6 +124,10 @@ def test_busy_port_fails_fast_with_one_clear_line(tiny_model: Path) -> None:
     ("before", "after", "expected"),
     [
         ([], ["--api-server-count", "2"], "error: --api-server-count: "),
+        # The option given is the one named, not --api-server-count.
+        ([], ["--data-parallel-size", "2"], "error: --data-parallel-size: "),
+        # One line, not vLLM's whole usage labelled __main__.py.
+        ([], ["--no-such-option"], "error: after '--': unrecognized arguments: --no-such-option"),
         (["--port", "0"], ["--port", "0"], "error: --port is given before and after '--'"),
         ([], ["--enable-auto-tool-choice"], "error: --enable-auto-tool-choice requires"),
     ],

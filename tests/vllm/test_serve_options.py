@@ -47,6 +47,7 @@ def test_every_option_of_vllm_serve_is_in_exactly_one_list() -> None:
     engine_options = dests & engine_fields()
     assert len(engine_options) > 200
     assert engine_options & set(REFUSED) == {
+        "data_parallel_size",  # refused only for one API server per rank (see its rule)
         "data_parallel_external_lb",
         "data_parallel_rank",
         "data_parallel_hybrid_lb",
@@ -93,7 +94,7 @@ def test_given_options_counts_an_option_given_with_its_default() -> None:
     ("argv", "flag", "hint"),
     [
         (["--api-server-count", "2"], "--api-server-count", "--api-server-count 1"),
-        (["--data-parallel-size", "2"], "--api-server-count", "one per data-parallel rank"),
+        (["--data-parallel-size", "2"], "--data-parallel-size", "one API server process per rank"),
         (["--headless"], "--headless", "headless"),
         (["--grpc"], "--grpc", "vllm serve --grpc"),
         (["--grpc-port", "50051"], "--grpc-port", "VLLM_USE_RUST_FRONTEND=1"),

@@ -60,7 +60,11 @@ def _marshalled_call_pending(client: Any) -> bool:
     done = threading.Event()
 
     def call() -> None:
-        asyncio.run(client.get_supported_tasks())
+        async def ask() -> None:
+            # Made in the coroutine: a proxy refuses a call made where no loop runs.
+            await client.get_supported_tasks()
+
+        asyncio.run(ask())
         done.set()
 
     threading.Thread(target=call, daemon=True).start()

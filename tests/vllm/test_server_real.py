@@ -14,7 +14,7 @@ import pytest
 from vllm_engines import settled_counts
 from vllm_load import run_load
 
-from loopbridge import LoopAffinityError, LoopThread
+from loopbridge import LoopAffinityError, LoopThread, blocking
 from loopbridge_vllm import OpenAIServer, start_openai_server
 from loopbridge_vllm.server import serve_args
 
@@ -80,8 +80,8 @@ def test_stop_drains_a_running_stream_then_cancels_it(
     shared_engine: tuple[LoopThread, Any], engine_proxy: Any, on_engine_loop: bool
 ) -> None:
     owner, llm = shared_engine
-    slow = engine_proxy.collective_rpc("standin_set_step_s", args=(0.05,))
-    asyncio.run(_await(slow))
+    # A plain thread drives the proxy through its blocking face.
+    blocking(engine_proxy).collective_rpc("standin_set_step_s", args=(0.05,))
     server = start_openai_server(engine_proxy, grace=1.0, on_engine_loop=on_engine_loop)
     try:
 
@@ -110,15 +110,11 @@ def test_stop_drains_a_running_stream_then_cancels_it(
         assert 2 <= seen < 400  # cut short by the bounded drain
     finally:
         server.wait_stopped(15)
-        asyncio.run(_await(engine_proxy.collective_rpc("standin_set_step_s", args=(0.0,))))
+        blocking(engine_proxy).collective_rpc("standin_set_step_s", args=(0.0,))
     assert server.wait_stopped(0) and owner.running
     # The cancelled request was aborted in the engine before the stop returned: the
     # front end and the EngineCore hold nothing (no wait for the counts to fall).
     assert owner.run(settled_counts, llm) == (0, 0)
-
-
-async def _await(aw: Any) -> Any:
-    return await aw
 
 
 def test_start_refuses_an_engine_without_owner_loop() -> None:

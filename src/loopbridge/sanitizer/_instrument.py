@@ -14,6 +14,17 @@ Calls from a thread with no running loop while the owner is idle are allowed:
 that is set-up and tear-down code. Loop scheduling calls (``call_soon``...)
 follow only the first rule, like asyncio's own debug check.
 
+Where it fails. Under ``raise`` the error is raised in the offending call, with
+one exception: a *wake* (``Event.set``, ``Queue.put_nowait``, a future's
+``set_result``/``set_exception``) made on one running loop for waiters of
+another loop, running in another thread. That waker is a loop's own machinery
+(an engine's output handler serving many requests), and the misuse is the
+waiter's: it waits on an object that another loop drives. Raising there would
+kill the machinery and leave the waiter hanging, so the report is logged and
+recorded there without raising, the wake is not done, and each waiter fails
+with the :class:`SanitizerError` on its own loop (with no waiter left, the wake
+goes ahead, reported and unraised).
+
 Pure-Python primitives (Event, Lock, Semaphore, Condition, Queue) and the
 Python event loop are patched method by method. ``asyncio.Future`` and
 ``asyncio.Task`` are C types whose methods cannot be replaced, so while the
@@ -41,7 +52,7 @@ from typing import Any, NamedTuple, Protocol
 from .._compat import thread_id_of
 from .._labels import loop_label, thread_name
 from . import _sites
-from ._report import Kind, SanitizerReport, emitter
+from ._report import Kind, SanitizerError, SanitizerReport, emitter
 from ._sites import Site
 
 # Read on every instrumented call; written under the package lock.
@@ -81,6 +92,8 @@ class _OnLoop(Protocol):
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def done(self) -> bool: ...
 
 
 #: A patched method, or what replaces it.
@@ -163,6 +176,42 @@ def _describe_waiters(*queues: object) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: Wakes whose waiters fail instead of the waker (see the module docstring).
+_WAKES = frozenset(
+    {
+        "asyncio.Event.set",
+        "asyncio.Queue.put_nowait",
+        "asyncio.Future.set_result",
+        "asyncio.Future.set_exception",
+    }
+)
+
+#: What a check returns when the operation must not run (its waiters failed).
+_SKIP = object()
+
+
+def _fail(fut: asyncio.Future[object], error: BaseException) -> None:
+    # On the waiter's own loop.
+    if not fut.done():
+        fut.set_exception(error)
+
+
+def _contained(
+    report: SanitizerReport, owner: asyncio.AbstractEventLoop, futures: list[Any]
+) -> object:
+    """A wake for waiters of ``owner`` (running elsewhere): under "raise", fail those
+    waiters there and skip the wake (:data:`_SKIP`), or, with none waiting, let the
+    wake go ahead unraised; otherwise report as usual."""
+    if not emitter.contain(report) or not futures:
+        return True  # nobody waits: the wake goes ahead, reported, never raised here
+    for fut in futures:
+        try:
+            owner.call_soon_threadsafe(_fail, fut, SanitizerError(report))
+        except RuntimeError:  # closed meanwhile: nothing waits any more
+            pass
+    return _SKIP
+
+
 def _violation(
     op: str,
     kind: Kind,
@@ -172,8 +221,10 @@ def _violation(
     bind: Site | None,
     how: str,
     waiters: tuple[str, ...] = (),
-) -> bool:
-    """Report; return True if the operation should go ahead (warn/log)."""
+    wake: list[Any] | None = None,
+) -> object:
+    """Report; return True if the operation should go ahead (warn/log), or
+    :data:`_SKIP` if its waiters (``wake``, futures of ``owner``) were failed."""
     if getattr(_tls, "depth", 0):
         return True
     report = SanitizerReport(
@@ -188,6 +239,8 @@ def _violation(
         bind_how=how,
         waiters=waiters,
     )
+    if op in _WAKES and cur is not None and _running_elsewhere(owner):
+        return _contained(report, owner, wake or [])
     emitter.emit(report)  # raises under the "raise" policy
     return True
 
@@ -196,7 +249,7 @@ def _subject(obj: object) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}@{id(obj):#x}"
 
 
-def _check_primitive(prim: _Primitive, op: str) -> bool:
+def _check_primitive(prim: _Primitive, op: str) -> object:
     cur = _get_running_loop()
     owner: asyncio.AbstractEventLoop | None = prim._loop
     bind: _Bind | None = getattr(prim, _BIND, None)
@@ -222,15 +275,27 @@ def _check_primitive(prim: _Primitive, op: str) -> bool:
         return False
     site = bind.site if bind is not None and bind.loop is owner else None
     how = bind.how if site is not None and bind is not None else ""
-    waiters = _describe_waiters(
+    queues = (
         getattr(prim, "_waiters", None),
         getattr(prim, "_getters", None),
         getattr(prim, "_putters", None),
     )
-    return _violation(op, verdict, owner, cur, _subject(prim), site, how, waiters)
+    waiters = _describe_waiters(*queues)
+    wake = _waiting(getattr(prim, "_waiters", None) or getattr(prim, "_getters", None))
+    return _violation(op, verdict, owner, cur, _subject(prim), site, how, waiters, wake)
 
 
-def _check_future(fut: _OnLoop, op: str) -> bool:
+def _waiting(queue: object) -> list[Any]:
+    """The futures still waiting in ``queue`` (a primitive's deque), read once."""
+    for _ in range(3):  # the owner thread may be mutating the deque right now
+        try:
+            return [w for w in list(queue or ()) if not w.done()]  # type: ignore[call-overload]
+        except RuntimeError:
+            continue
+    return []
+
+
+def _check_future(fut: _OnLoop, op: str) -> object:
     owner: asyncio.AbstractEventLoop = fut._loop
     cur = _get_running_loop()
     verdict = _judge(owner, cur)
@@ -238,11 +303,18 @@ def _check_future(fut: _OnLoop, op: str) -> bool:
         return False
     site: Site | None = getattr(fut, "_lb_site", None)
     return _violation(
-        op, verdict, owner, cur, _subject(fut), site, "created" if site is not None else ""
+        op,
+        verdict,
+        owner,
+        cur,
+        _subject(fut),
+        site,
+        "created" if site is not None else "",
+        wake=[fut] if not fut.done() else None,
     )
 
 
-def _check_loop(loop: asyncio.AbstractEventLoop, op: str) -> bool:
+def _check_loop(loop: asyncio.AbstractEventLoop, op: str) -> object:
     if not _running_elsewhere(loop):
         return False
     cur = _get_running_loop()
@@ -275,7 +347,9 @@ def _checked(base: type, name: str) -> _F:
 
     @functools.wraps(orig)
     def method(self: _OnLoop, *args: object, **kwargs: object) -> object:
-        if _active and _get_running_loop() is not self._loop and _check_future(self, op):
+        if _active and _get_running_loop() is not self._loop and (go := _check_future(self, op)):
+            if go is _SKIP:
+                return None
             with _nested:
                 return orig(self, *args, **kwargs)
         return orig(self, *args, **kwargs)
@@ -368,9 +442,11 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
                     bind = getattr(self, _BIND, None)
                     if bind is not None:
                         owner = bind[0]
-                if (owner is None or owner is not _get_running_loop()) and _check_primitive(
-                    self, op
+                if (owner is None or owner is not _get_running_loop()) and (
+                    go := _check_primitive(self, op)
                 ):
+                    if go is _SKIP:
+                        return None
                     with _nested:
                         return orig(self)
             return orig(self)
@@ -385,7 +461,11 @@ def _primitive_wrapper(orig: _F, op: str) -> _F:
                 bind = getattr(self, _BIND, None)
                 if bind is not None:
                     owner = bind[0]
-            if (owner is None or owner is not _get_running_loop()) and _check_primitive(self, op):
+            if (owner is None or owner is not _get_running_loop()) and (
+                go := _check_primitive(self, op)
+            ):
+                if go is _SKIP:
+                    return None
                 with _nested:
                     return orig(self, *args, **kwargs)
         return orig(self, *args, **kwargs)

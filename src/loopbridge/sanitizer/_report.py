@@ -27,7 +27,9 @@ class SanitizerError(RuntimeError):
     """An asyncio object was used from a thread or loop that does not own it.
 
     Raised under the ``raise`` policy, in the offending thread, *before* the
-    operation runs, so the object is left untouched. ``report`` has the details.
+    operation runs, so the object is left untouched; a cross-loop wake of another
+    running loop's waiters is raised in those waiters instead, and not done (see
+    :mod:`loopbridge.sanitizer._instrument`). ``report`` has the details.
     It pickles with its report (see :class:`Site` for the code objects).
     """
 
@@ -115,6 +117,35 @@ class _Emitter:
         self.policy: Policy = "off"
         self.seen: dict[str, int] = {}
         self.collectors: list[Collector] = []
+
+    def contain(self, report: SanitizerReport) -> bool:
+        """A misuse seen only on the owner's side (a cross-loop wake): under "raise",
+        record and log it without raising and return True (the caller fails the
+        waiters instead); under any other policy :meth:`emit` it, return False."""
+        with self.lock:
+            policy = self.policy
+            if policy == "raise":
+                if self.collectors:
+                    self.collectors[-1].reports.append(report)
+                count = self.seen.get(report.key(), 0) + 1
+                self.seen[report.key()] = count
+        if policy != "raise":
+            self.emit(report)
+            return False
+        if count > 1:
+            logger.debug(
+                "%s() misuse again at %s (%d times)",
+                report.operation,
+                report.call_site.where(),
+                count,
+            )
+            return True
+        logger.error(
+            "%s\n  Not raised here (the loop that woke the waiter goes on); each waiter "
+            "fails with it instead.",
+            report.message(),
+        )
+        return True
 
     def emit(self, report: SanitizerReport) -> None:
         with self.lock:

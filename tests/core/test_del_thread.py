@@ -1,0 +1,126 @@
+"""Where an object's ``__del__`` runs when a proxy held the last reference (issue 53, item 8).
+
+Decided: on its owner loop.  A proxy dropped on another thread (a plain thread,
+another loop's) that held the last reference hands it to the owner loop, which
+frees the object, so ``__del__`` runs on the thread and loop that own its state,
+as it would had the object been dropped there.  Where the owner loop is gone,
+there is no loop to run it: it runs where the proxy was dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from typing import Any
+
+import loopbridge as lb
+
+BOUND = 10.0
+
+
+class Record:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def wait(self) -> Record:
+        assert self.done.wait(BOUND), "__del__ did not run"
+        return self
+
+
+@lb.loop_affine
+class Session:
+    def __init__(self, record: Record) -> None:
+        self.record = record
+        self.held = [object()]
+
+    async def ping(self) -> str:
+        return "pong"
+
+    def __del__(self) -> None:
+        r = self.record
+        r.thread = threading.current_thread()
+        try:
+            r.loop = asyncio.get_running_loop()
+        except RuntimeError:
+            r.loop = None
+        r.done.set()
+
+
+def _proxied(owner: lb.LoopThread, record: Record) -> Any:
+    async def make() -> Session:
+        return Session(record)
+
+    p = lb.proxy(owner.run(make))
+    assert lb.blocking(p).ping() == "pong"  # used across threads: its port exists
+    gc.collect()  # nothing else holds it: what run() made is gone
+    return p
+
+
+def test_dropped_on_a_plain_thread_it_dies_on_its_owner_loop(owner: lb.LoopThread) -> None:
+    record = Record()
+    p = _proxied(owner, record)
+    del p  # the last reference, on this (plain) thread
+    record.wait()
+    assert record.loop is owner.loop
+    assert record.thread is not threading.current_thread()
+
+
+def test_dropped_on_another_loop_it_dies_on_its_owner_loop(owner: lb.LoopThread) -> None:
+    record = Record()
+    holder = [_proxied(owner, record)]
+
+    async def elsewhere() -> asyncio.AbstractEventLoop:
+        assert await holder[0].ping() == "pong"
+        holder.clear()  # the last reference, on this loop
+        return asyncio.get_running_loop()
+
+    other = asyncio.run(elsewhere())
+    record.wait()
+    assert record.loop is owner.loop and record.loop is not other
+
+
+def test_dropped_on_its_owner_loop_it_dies_there_at_once(owner: lb.LoopThread) -> None:
+    record = Record()
+    holder = [_proxied(owner, record)]
+
+    async def drop() -> bool:
+        holder.clear()
+        return record.done.is_set()  # already: nothing was posted
+
+    assert owner.run(drop) is True
+    assert record.loop is owner.loop
+
+
+def test_a_proxy_that_is_not_the_last_holder_changes_nothing(owner: lb.LoopThread) -> None:
+    record = Record()
+    p = _proxied(owner, record)
+    target = lb.unwrap(p)
+    del p
+    gc.collect()
+    assert not record.done.is_set()  # the object lives on: it is referenced here
+    del target  # the last reference is this thread's own: __del__ runs here
+    record.wait()
+    assert record.thread is threading.current_thread() and record.loop is None
+
+
+def test_with_its_owner_loop_gone_it_dies_where_dropped() -> None:
+    owner = lb.LoopThread(name="gone")
+    owner.start()
+    record = Record()
+    p = _proxied(owner, record)
+    owner.stop()
+    del p
+    record.wait()
+    assert record.thread is threading.current_thread()
+
+
+def test_a_blocking_face_that_held_the_last_reference(owner: lb.LoopThread) -> None:
+    record = Record()
+    b = lb.blocking(_proxied(owner, record))
+    assert b.ping() == "pong"  # its members hold the object too
+    del b
+    record.wait()
+    assert record.loop is owner.loop
