@@ -410,7 +410,11 @@ def start_on_owner(op: Operation) -> None:
             # The first step runs now, in this drain: nothing runs between the
             # check above and the member's start.
             op.task = step_then_task(loop, op.body(loop), op.ctx)  # None: finished
-        elif _starts_eagerly(loop):
+        elif (
+            # The common case inline (one C-level getattr, no Python call): a stock
+            # loop with no task factory on 3.12+; _starts_eagerly decides the rest.
+            NATIVE_EAGER and getattr(loop, TASK_FACTORY_ATTR, _NOT_STOCK) is None
+        ) or _starts_eagerly(loop):
             op.task = start_task(loop, op.body(loop), op.ctx)
         else:
             # The task's first step comes later: a transfer() may return before

@@ -38,8 +38,9 @@ TIMEOUT = 0.5
 #: The stated bound (docs/concepts.md#cancellation): ``_wakers.UNRESPONSIVE_S``.
 UNRESPONSIVE_S = 0.2
 #: What a test allows on top of the stated bound: its own threads' scheduling on a
-#: busy machine.  The old behaviour took cancel_grace (5 s) more.
-SLACK = 0.5
+#: busy machine (CI runs the engine lanes beside this one on two cores).  The old
+#: behaviour took cancel_grace (5 s) more, so the bound still tells them apart.
+SLACK = 2.0
 
 
 @lb.loop_affine
