@@ -18,7 +18,7 @@ from conftest import Crashes, Manager, open_requests_after_barrier
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 from loopbridge import LoopThread
-from loopbridge_sglang import async_generate, tokenizer_manager_proxy
+from loopbridge_sglang import ServerStartError, async_generate, tokenizer_manager_proxy
 from loopbridge_sglang.server import ExitReason, SGLangServer, start_sglang_server
 
 
@@ -99,9 +99,13 @@ def test_a_busy_port_fails_at_once(sgl: Manager, owner: LoopThread) -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
+    port = taken.getsockname()[1]
     try:
-        with pytest.raises(OSError):
-            SGLangServer(p, port=taken.getsockname()[1])
+        # The address and the fix, as vLLM's server says them; never a bare OSError.
+        with pytest.raises(
+            ServerStartError, match=f"127.0.0.1:{port}: port {port} is already in use"
+        ):
+            SGLangServer(p, port=port)
     finally:
         taken.close()
 
