@@ -8,7 +8,7 @@
   its engine's part.
 * :mod:`loopbridge_adapters.owner` - declaring an engine's owner loop and member table
   (an adapter's ``adopt_*`` and ``bind_owner_loop``).
-* :mod:`loopbridge_adapters.bench` - the latency benchmarks' engine-free half: the load
+* :mod:`loopbridge_bench.common` - the latency benchmarks' engine-free half: the load
   generator, the statistics and the console.
 * :mod:`loopbridge_adapters.serve_cli` - an adapter's ``serve`` command line: the table of
   the engine's server options (honoured or refused, failing closed), usage errors.

@@ -16,8 +16,9 @@ first line on stdout is ``serving on http://HOST:PORT`` (the actual port when
 the real ``TokenizerManager`` against the stand-in scheduler process of
 :mod:`loopbridge_sglang.cpu_manager`, with ``--skip-tokenizer-init --device cpu``.
 
-``bench`` runs the latency benchmark against stock SGLang
-(:mod:`loopbridge_sglang.bench`, same as ``python -m loopbridge_sglang.bench``).
+``bench`` runs the latency benchmark against stock SGLang (``python -m
+loopbridge_bench.sglang``) when the loopbridge-bench distribution is installed; the
+adapter never imports it otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, ClassVar
 
 from loopbridge import LoopThread
 from loopbridge_adapters.serve_cli import (
+    Delegate,
     UsageError,
     add_listen_options,
     add_loop_options,
@@ -43,8 +45,13 @@ from loopbridge_adapters.serve_cli import (
 )
 from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
 
-# Subcommands implemented in other modules: name -> module with main(argv).
-_DELEGATED = {"bench": "loopbridge_sglang.bench"}
+# Subcommands another distribution provides: name -> its module and what to install.
+_DELEGATED = {
+    "bench": Delegate(
+        "loopbridge_bench.sglang",
+        "loopbridge-bench[sglang] (in a checkout of loopbridge: pip install -e './bench[sglang]')",
+    )
+}
 _DEFAULT_HOST = "127.0.0.1"
 _DEFAULT_PORT = 30000  # stock SGLang's
 _DEFAULT_GRACE = 5.0
