@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from loopbridge import LoopThread
+from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES
 from loopbridge_adapters.serve_cli import (
     Delegate,
     UsageError,
@@ -79,6 +80,19 @@ def _serve_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     add_loop_options(parser, "uvloop, as SGLang's own server")
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="answer 413 to request bodies larger than this; 0: no limit, as stock SGLang "
+        "(default: %(default)s, 32 MiB)",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        help="don't export loopbridge's series on /metrics nor monitor the owner loop's lag",
+    )
     parser.add_argument(
         "--list-options",
         action="store_true",
@@ -195,6 +209,8 @@ class _Serve(ServeCommand[_Plan]):
             access_log=True,  # uvicorn's default, as stock: on at log level info
             api_key=server_args.api_key,
             admin_api_key=server_args.admin_api_key,
+            metrics=opts.metrics,
+            max_body_bytes=opts.max_body_bytes or None,
         )
 
     def stop_server(self, server: Any) -> None:

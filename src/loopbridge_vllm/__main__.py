@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from loopbridge import LoopThread
+from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES
 from loopbridge_adapters.serve_cli import (
     Delegate,
     UsageError,
@@ -34,7 +35,6 @@ from loopbridge_adapters.serve_cli import (
     server_loop_options,
 )
 from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
-from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
 
 # Subcommands another distribution provides: name -> its module and what to install.
 _DELEGATED = {
