@@ -57,7 +57,10 @@ def measure() -> list[tuple[int, str, str]]:
         code = frame.f_code
         module = _module(code.co_filename, package)
         if module is not None:
-            events.append((threading.get_ident(), module, code.co_qualname))
+            # Python 3.10's code objects have no co_qualname: the bare name there (an
+            # AttributeError raised here would surface inside the measured call).
+            name = getattr(code, "co_qualname", code.co_name)
+            events.append((threading.get_ident(), module, name))
 
     threading.setprofile(profile)  # the owner's thread starts after this
     sys.setprofile(profile)

@@ -32,7 +32,10 @@ def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
 
 
 def wanted_imports(adapter: str, optional: set[str]) -> set[tuple[str, str | None]]:
-    """``(module, name)`` pairs the adapter imports unguarded (name None: the module)."""
+    """``(module, name)`` pairs the adapter imports unguarded (name None: the module).
+
+    ``adapter`` is a folder under src/: a package, or one below it (``loopbridge_bench/vllm``).
+    """
     wanted: set[tuple[str, str | None]] = set()
     for path in sorted((SRC / adapter).rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))

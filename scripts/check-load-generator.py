@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 
 def ours(lp: Any, url: str, args: argparse.Namespace, first_id: int) -> dict[str, float]:
-    from loopbridge_adapters.bench.load import Job
-    from loopbridge_adapters.bench.summary import percentile
+    from loopbridge_bench.common.load import Job
+    from loopbridge_bench.common.summary import percentile
 
     job = Job(
         url, "bench", args.requests, args.concurrency, args.prompt_len, args.output_len,
@@ -85,8 +85,8 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=REPO / ".cache")
     args = ap.parse_args()
 
-    from loopbridge_adapters.bench.load import LoadProcess
-    from loopbridge_vllm.bench._stock import StockServer
+    from loopbridge_bench.common.load import LoadProcess
+    from loopbridge_bench.vllm._stock import StockServer
     from loopbridge_vllm.cpu_engine import STEP_ENV, build_tiny_model, cpu_engine_env, engine_args
 
     cpu_engine_env(args.cache_dir / "vllm")

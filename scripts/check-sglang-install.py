@@ -2,8 +2,8 @@
 
 SGLang is installed without its dependency resolution (see requirements/), so a
 missing package shows up only when a module that needs it is imported. This imports,
-in one process, every SGLang module and name that src/loopbridge_sglang imports
-without an ImportError guard (read from the source, so the check follows the code),
+in one process, every SGLang module and name that src/loopbridge_sglang (and its
+benchmark, src/loopbridge_bench/sglang) imports without an ImportError guard (read from the source, so the check follows the code),
 every other third-party module it imports, and the two SGLang modules the adapter
 loads on first use: the TokenizerManager and the HTTP server. Exit status 1 and one
 line per missing piece if anything fails; prints nothing on success.
@@ -20,7 +20,9 @@ LAZY = ("sglang.srt.managers.tokenizer_manager", "sglang.srt.entrypoints.http_se
 
 
 def main() -> int:
-    problems = import_problems("loopbridge_sglang", set())
+    problems = import_problems("loopbridge_sglang", set()) + import_problems(
+        "loopbridge_bench/sglang", set()
+    )
     for module in LAZY:
         try:
             __import__(module)

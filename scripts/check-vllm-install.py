@@ -2,8 +2,8 @@
 
 vLLM is installed without its dependency resolution (see requirements/), so a
 missing package shows up only when a module that needs it is imported. This
-imports, in one process, every vLLM module and name that src/loopbridge_vllm
-imports without an ImportError guard (read from the source, so the check
+imports, in one process, every vLLM module and name that src/loopbridge_vllm (and
+its benchmark, src/loopbridge_bench/vllm) imports without an ImportError guard (read from the source, so the check
 follows the code), every other third-party module it imports, and the pieces
 whose home differs between vLLM releases (the serve path's too: its argument
 checks, uvicorn log config and certificate refresher). Exit status 1 and one
@@ -21,8 +21,6 @@ from pathlib import Path
 from _adapter_imports import import_problems
 
 ADAPTER = Path(__file__).resolve().parent.parent / "src" / "loopbridge_vllm"
-# Imported by the adapter's benchmark and tests only, not needed to serve.
-OPTIONAL = {"httpx", "matplotlib", "tqdm"}
 
 
 def main() -> int:
@@ -31,7 +29,9 @@ def main() -> int:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     # 0.29 and 0.24 log INFO lines on import; the check prints only what is missing.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    problems = import_problems("loopbridge_vllm", OPTIONAL)
+    problems = import_problems("loopbridge_vllm", set()) + import_problems(
+        "loopbridge_bench/vllm", set()
+    )
     sys.path.insert(0, str(ADAPTER.parent))
     from loopbridge_vllm._vllm_releases import (
         MissingVllmPiece,

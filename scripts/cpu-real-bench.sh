@@ -56,6 +56,6 @@ export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 if [ "$test_lane" = 1 ]; then
     exec "$PY" -m pytest tests/bench/test_bench_real_cpu.py -q -ra --timeout 900 -p no:cacheprovider
 fi
-exec "$PY" -m loopbridge_vllm.bench --real-cpu --out results/cpu-real --requests 4 --concurrency 2 \
+exec "$PY" -m loopbridge_bench.vllm --real-cpu --out results/cpu-real --requests 4 --concurrency 2 \
     --rounds 1 --warmup-rounds 0 --prompt-len 16 --output-len 8 --race-requests 16 \
     --race-concurrency 4 "${bench_args[@]}"

@@ -9,8 +9,9 @@
 #
 #   --setup       create .venv-gpu (or $PYTHON's venv is left alone: see below) with
 #                 the official vLLM wheel from the package index, which brings its CUDA
-#                 build of torch, and loopbridge with the vllm-server and vllm-bench
-#                 extras; then run (add --dry-run to check the set-up only)
+#                 build of torch, loopbridge with the vllm-server extra and its
+#                 benchmarks (loopbridge-bench's vllm extra, from bench/); then run
+#                 (add --dry-run to check the set-up only)
 #   --vllm X.Y.Z  the vLLM release --setup installs (default 0.34.0; any release of README's table)
 #   --model DIR   a local Hugging Face model directory (default: the tiny model built
 #                 locally into .cache/tiny-model, random weights, bfloat16)
@@ -21,13 +22,13 @@
 #                 GPUs, build the engine arguments and the stock command line (parsed
 #                 by vLLM's own parser), print the plan and start nothing; needs no GPU
 #                 (CI runs this with --fake-gpus)
-#   BENCH ARGS    passed on to `python -m loopbridge_vllm.bench` (--help lists them);
+#   BENCH ARGS    passed on to `python -m loopbridge_bench.vllm` (--help lists them);
 #                 they come after this script's workload defaults and override them
 #
 # Relative paths are taken from the directory you run the script in.
 # Python: $PYTHON, else .venv-gpu/bin/python, else python3; it needs a CUDA build of a
-# supported vLLM release and loopbridge (`pip install vllm==X.Y.Z` and
-# `pip install -e ".[vllm-server,vllm-bench]"`, or --setup).
+# supported vLLM release, loopbridge and its benchmarks (`pip install vllm==X.Y.Z` and
+# `pip install -e ".[vllm-server]" -e "./bench[vllm]"`, or --setup).
 # Engines start one at a time. With two GPUs or more (2 x --tensor-parallel-size) stock
 # and the threaded stack each get their own; with fewer they share, each taking 0.9 of
 # half the free memory, unless `--engine-arg gpu_memory_utilization=...` says otherwise.
@@ -74,7 +75,7 @@ if [ "$setup" = 1 ]; then
     "$PY" -m pip install --upgrade pip
     # The package index's vLLM wheel is the CUDA build; it pins its CUDA torch.
     "$PY" -m pip install "vllm==$vllm_version"
-    "$PY" -m pip install -e ".[vllm-server,vllm-bench]"
+    "$PY" -m pip install -e ".[vllm-server]" -e "./bench[vllm]"
 elif [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x .venv-gpu/bin/python ]; then PY=.venv-gpu/bin/python
 else PY=python3
@@ -103,4 +104,4 @@ else
     extra+=(--dry-run)
 fi
 
-exec "$PY" -m loopbridge_vllm.bench --model "$model" --out "$out" "${extra[@]}" "${bench_args[@]}"
+exec "$PY" -m loopbridge_bench.vllm --model "$model" --out "$out" "${extra[@]}" "${bench_args[@]}"

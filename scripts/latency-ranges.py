@@ -81,7 +81,7 @@ def ranges_table(runs: list[dict[str, Any]], mode: str) -> list[str]:
 
 
 def own_loop_table(runs: list[dict[str, Any]]) -> list[str]:
-    from loopbridge_vllm.bench._report import idle_scenario
+    from loopbridge_bench.vllm._report import idle_scenario
 
     rows = _rows(runs)
     own = {sc: idle for sc, _ in rows if (idle := idle_scenario(sc)) is not None}
@@ -101,8 +101,8 @@ def own_loop_table(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def tail_table(runs: list[dict[str, Any]]) -> list[str]:
-    from loopbridge_adapters.bench.record import JobRecord
-    from loopbridge_vllm.bench._stages import tail_markdown, tail_rows
+    from loopbridge_bench.common.record import JobRecord
+    from loopbridge_bench.vllm._stages import tail_markdown, tail_rows
 
     records = [JobRecord.from_json(rec) for run in runs for rec in run["records"]]
     return tail_markdown(tail_rows(records))

@@ -8,4 +8,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec "$(bash scripts/setup.sh --venv-path)/bin/python" -m loopbridge_vllm.bench "$@"
+exec "$(bash scripts/setup.sh --venv-path)/bin/python" -m loopbridge_bench.vllm "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or update) the virtual environment for one engine release: torch, the
 # real engine from its pinned CPU list (requirements/<engine>-<release>-cpu.txt),
-# loopbridge (editable) and the test tools.
+# loopbridge and its benchmarks (loopbridge-bench, bench/pyproject.toml; both editable)
+# and the test tools.
 #
 #   LOOPBRIDGE_VLLM=0.32 bash scripts/setup.sh      # another supported vLLM release
 #   LOOPBRIDGE_ENGINE=sglang bash scripts/setup.sh  # SGLang 0.5 (.venv-sglang)
@@ -26,7 +27,7 @@ vllm)
     fi
     if [ "$release" = "$newest" ]; then venv=.venv; else venv=.venv-vllm-$release; fi
     engine_name=vLLM
-    extras="trio,uvloop,prometheus,vllm-server,vllm-bench"
+    extras="trio,uvloop,prometheus,vllm-server"
     groups=(--group test --group recipes --group ray --group bench)
     default_python=python3 python_wanted=">= 3.11" python_check="sys.version_info >= (3, 11)"
     ;;
@@ -106,10 +107,11 @@ install_frameworks() {
 }
 
 stamp=$venv/.loopbridge-deps
-want=$(cat "$engine_list" "$torch_list" $frameworks pyproject.toml scripts/setup.sh | sha1sum | cut -d' ' -f1)
+want=$(cat "$engine_list" "$torch_list" $frameworks pyproject.toml bench/pyproject.toml scripts/setup.sh |
+    sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VPY" ]; then
     : >"$log"
-    editable install -q --no-deps -e .
+    editable install -q --no-deps -e . -e ./bench
     step "$venv is up to date ($engine_name $engine_pin)"
     exit 0
 fi
@@ -135,8 +137,9 @@ pip_quiet install -q -r "$torch_list"
 step "[3/5] installing $engine_name $engine_pin and the packages it needs on CPU"
 pip_quiet install -q --no-deps -r "$engine_list"
 install_frameworks
-step "[4/5] installing loopbridge (editable) with its test tools"
-editable install -q -e ".[$extras]" "${groups[@]}"
+step "[4/5] installing loopbridge and its benchmarks (editable) with the test tools"
+# The benchmark's extra is named for its engine: loopbridge-bench[vllm], [sglang].
+editable install -q -e ".[$extras]" -e "./bench[$engine]" "${groups[@]}"
 step "[5/5] checking the $engine_name install: importing what the adapter imports"
 if ! "$VPY" "scripts/check-$engine-install.py" 2>>"$log"; then
     echo "setup: the $engine_name $engine_pin install in $venv is incomplete (see above; log: $log)" >&2

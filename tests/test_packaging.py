@@ -11,17 +11,25 @@ Read statically from the source, so it runs without any optional package:
   and are not counted;
 - each adapter imports only its engine, what the engine's pinned lists install, or
   extras; what the adapters share (``loopbridge_adapters``) imports only extras;
-- every package an extra names is imported somewhere, and no extra pins an engine.
+- every package an extra names is imported somewhere, and no extra pins an engine;
+- the benchmarks (``loopbridge_bench``) are the ``loopbridge-bench`` distribution's
+  (``bench/pyproject.toml``): it pins this release, its extras bring what it imports
+  beside the engines, and the two wheels, built here, each carry their own packages
+  and the licence (the ``loopbridge`` wheel no benchmark module).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,11 +41,15 @@ else:  # tomllib is in the standard library from 3.11
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+BENCH_PYPROJECT = tomllib.loads((REPO / "bench" / "pyproject.toml").read_text())
 # Import name -> distribution name where they differ.
 DISTRIBUTION = {"yaml": "pyyaml", "zmq": "pyzmq", "PIL": "pillow", "cpuinfo": "py-cpuinfo"}
 # Plugin modules are loaded by the tool they extend, which is then installed.
 # The packages this distribution ships: the core, what the adapters share, the adapters.
 OURS = ("loopbridge", "loopbridge_adapters", "loopbridge_sglang", "loopbridge_vllm")
+# The loopbridge-bench distribution's one package, and its extra per engine.
+BENCH = "loopbridge_bench"
+BENCH_EXTRAS = {"vllm": "vllm", "sglang": "sglang"}
 ENGINES = {"loopbridge_vllm": "vllm", "loopbridge_sglang": "sglang"}
 PLUGIN_HOSTS = {"loopbridge.mypy_plugin": "mypy", "loopbridge.pytest_plugin": "pytest"}
 
@@ -119,7 +131,7 @@ def imports_of(package: str) -> Iterator[Import]:
 
 def third_party(module: str) -> bool:
     top = module.split(".")[0]
-    return top not in sys.stdlib_module_names and top not in OURS
+    return top not in sys.stdlib_module_names and top not in (*OURS, BENCH)
 
 
 def reachable_from_package_import() -> set[str]:
@@ -142,8 +154,8 @@ def reachable_from_package_import() -> set[str]:
     return seen
 
 
-def extras() -> dict[str, set[str]]:
-    declared = PYPROJECT["project"].get("optional-dependencies", {})
+def extras(pyproject: dict[str, Any] = PYPROJECT) -> dict[str, set[str]]:
+    declared = pyproject["project"].get("optional-dependencies", {})
     return {extra: {requirement_name(r) for r in reqs} for extra, reqs in declared.items()}
 
 
@@ -258,11 +270,114 @@ def test_the_adapter_wall_names_every_private_core_module() -> None:
     modules by name (it has no wildcard for a name prefix): keep it whole, and
     keep every package beside the core behind it."""
     contracts = PYPROJECT["tool"]["importlinter"]["contracts"]
-    (wall,) = [c for c in contracts if "loopbridge_vllm" in c.get("source_modules", ())]
-    assert sorted(wall["source_modules"]) == sorted(OURS[1:])
+    (wall,) = [
+        c
+        for c in contracts
+        if "loopbridge_vllm" in c.get("source_modules", ())
+        and "forbidden_modules" in c
+        and "loopbridge._ports" in c["forbidden_modules"]
+    ]
+    assert sorted(wall["source_modules"]) == sorted((*OURS[1:], BENCH))
     private = {
         f"loopbridge.{p.stem}"
         for p in (REPO / "src" / "loopbridge").glob("_*.py")
         if p.stem != "__init__"
     }
     assert set(wall["forbidden_modules"]) == private
+
+
+# --------------------------------------------------- the loopbridge-bench distribution
+def test_the_benchmarks_pin_this_release_and_share_its_version() -> None:
+    version = PYPROJECT["project"]["version"]
+    bench = BENCH_PYPROJECT["project"]
+    assert bench["name"] == "loopbridge-bench"
+    assert bench["version"] == version
+    assert bench["dependencies"] == [f"loopbridge=={version}"]
+    for extra, requirements in bench["optional-dependencies"].items():
+        pins = [r for r in requirements if requirement_name(r) == "loopbridge"]
+        assert [r.endswith(f"=={version}") for r in pins] == [True], (extra, pins)
+
+
+@pytest.mark.parametrize("engine", sorted(BENCH_EXTRAS))
+def test_each_benchmark_imports_its_engine_its_extra_or_loopbridges_extras(engine: str) -> None:
+    """A benchmark's third-party imports come with its engine, or with its extra (which
+    also brings the adapter's server extra: loopbridge's own extras count)."""
+    extra = BENCH_EXTRAS[engine]
+    provided = (
+        engine_install(engine)
+        | extras(BENCH_PYPROJECT)[extra]
+        | set().union(*extras().values())
+        | {engine}
+    )
+    missing = {
+        (imp.importer, distribution_of(imp.module))
+        for imp in imports_of(f"{BENCH}/{engine}")
+        if third_party(imp.module) and distribution_of(imp.module) not in provided
+    }
+    assert missing == set()
+
+
+def test_what_the_benchmarks_share_needs_only_what_every_benchmark_extra_brings() -> None:
+    every = set.intersection(*extras(BENCH_PYPROJECT).values())
+    imported = {
+        distribution_of(imp.module)
+        for imp in imports_of(f"{BENCH}/common")
+        if third_party(imp.module)
+    }
+    assert imported <= every
+
+
+def test_every_benchmark_extra_requirement_is_imported() -> None:
+    imported = {distribution_of(imp.module) for imp in imports_of(BENCH) if third_party(imp.module)}
+    unused = {
+        (extra, name)
+        for extra, names in extras(BENCH_PYPROJECT).items()
+        for name in names - imported - {"loopbridge"}
+    }
+    assert unused == set()
+
+
+def _source_copy(into: Path) -> Path:
+    """What the two wheels are built from: a copy, so a build leaves the tree alone
+    (the engines' set-up builds editable metadata in it at the same time in CI)."""
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO / name, into / name)
+    shutil.copytree(REPO / "src", into / "src", ignore=skip)
+    shutil.copytree(REPO / "bench", into / "bench", symlinks=True, ignore=skip)
+    return into
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Each distribution's name -> the files of its wheel, as pip builds them."""
+    source = _source_copy(tmp_path_factory.mktemp("source"))
+    out = tmp_path_factory.mktemp("wheels")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), ".", "./bench"],
+        cwd=source,
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    return {w.name.split("-")[0]: zipfile.ZipFile(w).namelist() for w in out.glob("*.whl")}
+
+
+def test_the_loopbridge_wheel_carries_the_product_and_no_benchmark(
+    wheels: dict[str, list[str]],
+) -> None:
+    files = wheels["loopbridge"]
+    packages = {f.split("/")[0] for f in files if ".dist-info/" not in f}
+    assert packages == set(OURS)
+    assert [f for f in files if "bench" in f] == []
+    assert any(f.endswith(".dist-info/licenses/LICENSE") for f in files)
+
+
+def test_the_benchmarks_wheel_carries_them_only(wheels: dict[str, list[str]]) -> None:
+    files = wheels["loopbridge_bench"]
+    packages = {f.split("/")[0] for f in files if ".dist-info/" not in f}
+    assert packages == {BENCH}
+    shipped = {f for f in files if f.endswith(".py")}
+    assert shipped == {p.relative_to(SRC).as_posix() for p in (SRC / BENCH).rglob("*.py")}
+    assert f"{BENCH}/py.typed" in files
+    assert any(f.endswith(".dist-info/licenses/LICENSE") for f in files)

@@ -8,8 +8,9 @@
   its engine's part.
 * :mod:`loopbridge_adapters.owner` - declaring an engine's owner loop and member table
   (an adapter's ``adopt_*`` and ``bind_owner_loop``).
-* :mod:`loopbridge_adapters.bench` - the latency benchmarks' engine-free half: the load
-  generator, the statistics and the console.
+* :mod:`loopbridge_adapters.body_limit` - the threaded servers' cap on request bodies (413).
+* :mod:`loopbridge_adapters.exporter` - loopbridge's series on a server's ``/metrics``, and
+  the owner loops' lag.
 * :mod:`loopbridge_adapters.serve_cli` - an adapter's ``serve`` command line: the table of
   the engine's server options (honoured or refused, failing closed), usage errors.
 * :mod:`loopbridge_adapters.serve_lifecycle` - an adapter's ``serve`` command from start

@@ -26,7 +26,8 @@ interpreter's switch interval while serving; :func:`server_loop_options` turns t
 into the adapter servers' keyword arguments.
 
 :func:`run_subcommand` is ``python -m loopbridge_<engine>``'s dispatch: help, ``serve``,
-subcommands delegated to another module's ``main``, and the exit status of each.
+subcommands delegated to another module's ``main`` (a :class:`Delegate`, which may come
+from another distribution), and the exit status of each.
 
 Built on the standard library only; imports no engine and no adapter.
 """
@@ -39,11 +40,12 @@ import errno
 import importlib
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from .switch_interval import DEFAULT_SWITCH_INTERVAL_S, parse_switch_interval_ms
 
 __all__ = [
+    "Delegate",
     "OptionTable",
     "Refusal",
     "ServerLoopOptions",
@@ -295,19 +297,26 @@ def bind_failure(host: str, port: int, uds: str | None, exc: OSError) -> str:
     return f"error: cannot listen on {where}: {exc.strerror or exc}; check --host and --port"
 
 
+class Delegate(NamedTuple):
+    """A subcommand whose ``main(argv)`` lives in another module, maybe not installed."""
+
+    module: str  # the module whose main runs the subcommand
+    install: str  # what to install when the module is missing (named in the error)
+
+
 def run_subcommand(
     argv: Sequence[str],
     doc: str | None,
     serve: Callable[[list[str]], int],
-    delegated: Mapping[str, str],
+    delegated: Mapping[str, Delegate],
 ) -> int:
     """Run ``python -m loopbridge_<engine> SUBCOMMAND ...``; return the exit status.
 
     No arguments, ``-h`` or ``--help`` print ``doc`` and the subcommands (status 2 when
     nothing was given, 0 when help was asked for). ``serve`` gets the rest of the
     command line; a ``delegated`` subcommand names a module whose ``main(argv)`` runs
-    it (status 0 unless that returns an int), and one whose module is not installed is
-    reported as unavailable rather than as a traceback.
+    it (status 0 unless that returns an int), and one whose module (or a package above
+    it) is not installed is reported with what to install, rather than as a traceback.
     """
     args = list(argv)
     subcommands = ("serve", *delegated)
@@ -324,11 +333,16 @@ def run_subcommand(
         print(f"unknown subcommand {command!r} (known: {known})", file=sys.stderr)
         return 2
     try:
-        module = importlib.import_module(target)
+        module = importlib.import_module(target.module)
     except ModuleNotFoundError as exc:
-        if exc.name != target:
+        # A module the target itself imports being missing is the target's own error.
+        if exc.name is None or not f"{target.module}.".startswith(f"{exc.name}."):
             raise
-        print(f"subcommand {command!r} is not available in this installation", file=sys.stderr)
+        print(
+            f"subcommand {command!r} needs {target.module}, which is not installed: "
+            f"install {target.install}",
+            file=sys.stderr,
+        )
         return 2
     result = module.main(rest)
     return result if isinstance(result, int) else 0

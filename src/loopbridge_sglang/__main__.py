@@ -16,8 +16,9 @@ first line on stdout is ``serving on http://HOST:PORT`` (the actual port when
 the real ``TokenizerManager`` against the stand-in scheduler process of
 :mod:`loopbridge_sglang.cpu_manager`, with ``--skip-tokenizer-init --device cpu``.
 
-``bench`` runs the latency benchmark against stock SGLang
-(:mod:`loopbridge_sglang.bench`, same as ``python -m loopbridge_sglang.bench``).
+``bench`` runs the latency benchmark against stock SGLang (``python -m
+loopbridge_bench.sglang``) when the loopbridge-bench distribution is installed; the
+adapter never imports it otherwise.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from loopbridge import LoopThread
+from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES
 from loopbridge_adapters.serve_cli import (
+    Delegate,
     UsageError,
     add_listen_options,
     add_loop_options,
@@ -43,8 +46,13 @@ from loopbridge_adapters.serve_cli import (
 )
 from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
 
-# Subcommands implemented in other modules: name -> module with main(argv).
-_DELEGATED = {"bench": "loopbridge_sglang.bench"}
+# Subcommands another distribution provides: name -> its module and what to install.
+_DELEGATED = {
+    "bench": Delegate(
+        "loopbridge_bench.sglang",
+        "loopbridge-bench[sglang] (in a checkout of loopbridge: pip install -e './bench[sglang]')",
+    )
+}
 _DEFAULT_HOST = "127.0.0.1"
 _DEFAULT_PORT = 30000  # stock SGLang's
 _DEFAULT_GRACE = 5.0
@@ -72,6 +80,19 @@ def _serve_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     add_loop_options(parser, "uvloop, as SGLang's own server")
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="answer 413 to request bodies larger than this; 0: no limit, as stock SGLang "
+        "(default: %(default)s, 32 MiB)",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_false",
+        help="don't export loopbridge's series on /metrics nor monitor the owner loop's lag",
+    )
     parser.add_argument(
         "--list-options",
         action="store_true",
@@ -188,6 +209,8 @@ class _Serve(ServeCommand[_Plan]):
             access_log=True,  # uvicorn's default, as stock: on at log level info
             api_key=server_args.api_key,
             admin_api_key=server_args.admin_api_key,
+            metrics=opts.metrics,
+            max_body_bytes=opts.max_body_bytes or None,
         )
 
     def stop_server(self, server: Any) -> None:

@@ -20,6 +20,10 @@ Ordering guarantees:
   and a dead one is reported without its help.
 * A watchdog stops the server when ``handle_loop`` dies (SGLang would have killed
   the process) and when the owner loop stops or closes.
+* ``/metrics`` carries loopbridge's series and the owner loop's lag, beside SGLang's
+  own when ``--enable-metrics`` serves them (``metrics=False``: SGLang's app answers
+  it, as stock); a request body over ``max_body_bytes`` gets a 413 before the app
+  reads it (:mod:`loopbridge_adapters.body_limit`; stock has no bound).
 
 SGLang's app is one per process (``set_global_state`` sets a module global), so one
 server at a time serves it; a second :meth:`start` while one runs raises
@@ -36,6 +40,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
+from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from loopbridge_adapters.exporter import MetricsFirst, export_metrics, metrics_app, monitor_owner
 from loopbridge_adapters.http import ExitReason
 from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
@@ -108,14 +114,16 @@ class _HealthFirst:
         await self.app(scope, receive, send)
 
 
-async def _mark_up(manager: Any, health: _Health) -> None:
-    """On the owner loop: start handle_loop there and mark the manager up."""
+async def _mark_up(manager: Any, health: _Health) -> str:
+    """On the owner loop: start handle_loop there and mark the manager up; return the
+    owner thread's name (it labels the owner loop's lag)."""
     from sglang.srt.managers.tokenizer_manager import ServerStatus
 
     manager.auto_create_handle_loop()
     health.tasks = tuple(manager.asyncio_tasks)
     if manager.server_status == ServerStatus.Starting:
         manager.server_status = ServerStatus.Up
+    return threading.current_thread().name
 
 
 def _skip_warmup(*args: Any, **kwargs: Any) -> bool:
@@ -158,7 +166,11 @@ class SGLangServer(ThreadedServer):
         admin_api_key: str | None = None,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
         on_engine_loop: bool = False,
+        metrics: bool = True,
+        max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
+        if max_body_bytes is not None and max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes must be positive or None, not {max_body_bytes!r}")
         if not is_tokenizer_manager_proxy(manager):
             manager = tokenizer_manager_proxy(manager)
         owner = owner_loop(manager)
@@ -177,6 +189,8 @@ class SGLangServer(ThreadedServer):
         self._access_log = access_log
         self._api_key = api_key
         self._admin_api_key = admin_api_key
+        self._metrics = metrics
+        self._max_body_bytes = max_body_bytes
         self._health = _Health(manager, owner)
         super().__init__(
             sock,
@@ -215,7 +229,7 @@ class SGLangServer(ThreadedServer):
         manager = self.manager
         owner = self._health.owner
         # The owner loop must answer before anything is served.
-        await asyncio.wrap_future(
+        owner_thread = await asyncio.wrap_future(
             asyncio.run_coroutine_threadsafe(_mark_up(unwrap(manager), self._health), owner)
         )
         if not self._health.healthy():
@@ -239,8 +253,13 @@ class SGLangServer(ThreadedServer):
         )
         import uvicorn
 
+        served: Any = _HealthFirst(self._with_auth(app), self._health)
+        if self._metrics:
+            served = self._with_metrics(served, owner_thread)
+        if self._max_body_bytes is not None:
+            served = BodyLimit(served, self._max_body_bytes)
         config = uvicorn.Config(
-            _HealthFirst(self._with_auth(app), self._health),
+            served,
             log_level=self._log_level,
             access_log=self._access_log,
             root_path=self._root_path,
@@ -251,6 +270,24 @@ class SGLangServer(ThreadedServer):
 
     def _engine_exit(self) -> ExitReason | None:
         return self._health.ended()
+
+    def _with_metrics(self, app: Any, owner_thread: str) -> Any:
+        """``/metrics`` with loopbridge's series, and the owner loop's lag monitored.
+
+        With ``--enable-metrics`` SGLang's app would serve the multiprocess files'
+        registry at ``/metrics``: served here, with loopbridge's collector beside it.
+        """
+        manager = self.manager
+        multiprocess = bool(manager.enable_metrics)
+        metrics = metrics_app(multiprocess=multiprocess)
+        if metrics is None:
+            return app  # no prometheus_client: SGLang's app answers, as stock
+        label = f"{manager.served_model_name or manager.model_path} on {owner_thread}"
+        if multiprocess:
+            monitor_owner(self._health.owner, label)
+        else:
+            export_metrics(self._health.owner, label)
+        return MetricsFirst(app, metrics)
 
     def _with_auth(self, app: Any) -> Any:
         """SGLang's API-key middleware around ``app``, when SGLang's launcher adds it.
@@ -293,6 +330,8 @@ def start_sglang_server(
     admin_api_key: str | None = None,
     switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
     on_engine_loop: bool = False,
+    metrics: bool = True,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
 ) -> SGLangServer:
     """Serve SGLang's HTTP app for ``manager`` from a new thread; return when ready.
 
@@ -309,6 +348,9 @@ def start_sglang_server(
     ``on_engine_loop=True`` serves on the manager's owner loop instead of a thread of
     its own (SGLang's own topology), for a manager on a loop that runs nothing else;
     ``use_uvloop`` (default: uvloop when installed) is refused with it.
+    ``metrics``: loopbridge's series and the owner loop's lag on ``/metrics`` (beside
+    SGLang's own with ``--enable-metrics``). ``max_body_bytes``: larger request bodies
+    get a 413 (default 32 MiB; None: no limit, as stock SGLang).
     """
     return SGLangServer(
         manager,
@@ -326,4 +368,6 @@ def start_sglang_server(
         admin_api_key=admin_api_key,
         switch_interval=switch_interval,
         on_engine_loop=on_engine_loop,
+        metrics=metrics,
+        max_body_bytes=max_body_bytes,
     ).start(start_timeout)

@@ -9,9 +9,8 @@ engine, then the owner loop. The first line on stdout is
 ``--cpu-standin`` runs the real engine on a machine without a GPU, with the
 stand-in forward pass of :mod:`loopbridge_vllm.cpu_engine` (tests, demos).
 
-``bench`` runs the latency benchmark (:mod:`loopbridge_vllm.bench`, same as
-``python -m loopbridge_vllm.bench``). The data-parallel tools are a separate
-entry point: ``python -m loopbridge_vllm.dp``.
+``bench`` runs the latency benchmark (``python -m loopbridge_bench.vllm``) when the
+loopbridge-bench distribution is installed; the adapter never imports it otherwise.
 """
 
 from __future__ import annotations
@@ -24,7 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from loopbridge import LoopThread
+from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES
 from loopbridge_adapters.serve_cli import (
+    Delegate,
     UsageError,
     add_listen_options,
     add_loop_options,
@@ -34,10 +35,14 @@ from loopbridge_adapters.serve_cli import (
     server_loop_options,
 )
 from loopbridge_adapters.serve_lifecycle import ServeCommand, Serving
-from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
 
-# Subcommands implemented in other modules: name -> module with main(argv).
-_DELEGATED = {"bench": "loopbridge_vllm.bench"}
+# Subcommands another distribution provides: name -> its module and what to install.
+_DELEGATED = {
+    "bench": Delegate(
+        "loopbridge_bench.vllm",
+        "loopbridge-bench[vllm] (in a checkout of loopbridge: pip install -e './bench[vllm]')",
+    )
+}
 
 _DEFAULT_HOST = "127.0.0.1"
 _DEFAULT_PORT = 8000

@@ -37,13 +37,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
+from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from loopbridge_adapters.exporter import export_metrics
 from loopbridge_adapters.http import ExitReason, bind, bind_unix, loop_factory
 from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
 
-from ._body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from ._exporter import export_metrics
 from ._library_options import (
     Listen,
     ServeArgsMismatch,

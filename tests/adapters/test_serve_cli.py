@@ -10,10 +10,12 @@ import argparse
 import errno
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from loopbridge_adapters.serve_cli import (
+    Delegate,
     OptionTable,
     Refusal,
     UsageError,
@@ -176,7 +178,10 @@ class _Subcommands:
         return 7
 
     def run(self, argv: list[str], delegated: dict[str, str] | None = None) -> int:
-        return run_subcommand(argv, "the doc", self.serve, delegated or {})
+        modules = {
+            name: Delegate(module, f"{module}-dist") for name, module in (delegated or {}).items()
+        }
+        return run_subcommand(argv, "the doc", self.serve, modules)
 
 
 def test_serve_gets_the_rest_of_the_command_line() -> None:
@@ -212,9 +217,32 @@ def test_a_delegated_subcommand_runs_its_modules_main(
     assert seen == [["--quick"]]
     module.main = lambda argv: 3  # type: ignore[attr-defined]
     assert commands.run(["bench"], {"bench": "lb_test_delegate"}) == 3
-    # Not installed: said so, not a traceback.
+    # Not installed: said so with what to install, not a traceback.
     assert commands.run(["gpu"], {"gpu": "lb_test_no_such_module"}) == 2
-    assert capsys.readouterr().err == "subcommand 'gpu' is not available in this installation\n"
+    assert capsys.readouterr().err == (
+        "subcommand 'gpu' needs lb_test_no_such_module, which is not installed: "
+        "install lb_test_no_such_module-dist\n"
+    )
+
+
+def test_a_delegated_subcommand_in_a_package_not_installed_names_what_to_install(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The missing module is the package above the target (another distribution's).
+    assert _Subcommands().run(["bench"], {"bench": "lb_test_no_such_package.vllm"}) == 2
+    assert capsys.readouterr().err == (
+        "subcommand 'bench' needs lb_test_no_such_package.vllm, which is not installed: "
+        "install lb_test_no_such_package.vllm-dist\n"
+    )
+
+
+def test_a_module_the_delegated_module_imports_being_missing_is_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "lb_test_broken.py").write_text("import lb_test_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="lb_test_missing_dependency"):
+        _Subcommands().run(["bench"], {"bench": "lb_test_broken"})
 
 
 def test_loop_options_and_the_switch_interval(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loopbridge_adapters.bench.load import Sample
-from loopbridge_adapters.bench.record import JobRecord
+from loopbridge_bench.common.load import Sample
+from loopbridge_bench.common.record import JobRecord
 
 
 def job_record(

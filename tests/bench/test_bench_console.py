@@ -11,14 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loopbridge_vllm.bench._correctness import Outcome, Verdict, verdict_lines
+from loopbridge_bench.vllm._correctness import Outcome, Verdict, verdict_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
 _SCRIPT = r"""
 import logging, os, subprocess, sys, warnings
 from pathlib import Path
-from loopbridge_adapters.bench.console import Console
+from loopbridge_bench.common.console import Console
 
 logging.basicConfig(level=logging.INFO)  # a handler bound to sys.stderr, as vLLM's is
 console = Console(Path(sys.argv[1]))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from loopbridge_adapters.bench.load import (
+from loopbridge_bench.common.load import (
     ID_TOKENS,
     Job,
     Sample,
@@ -20,15 +20,15 @@ from loopbridge_adapters.bench.load import (
     prompt_tokens,
     request_lengths,
 )
-from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed
-from loopbridge_vllm.bench._devices import (
+from loopbridge_bench.common.record import Cell, JobRecord, job_seed
+from loopbridge_bench.vllm._devices import (
     Gpu,
     parse_fake_gpus,
     place_engines,
     startup_order,
 )
-from loopbridge_vllm.bench._report import headlines, markdown, summarize, target_checks
-from loopbridge_vllm.bench._run import (
+from loopbridge_bench.vllm._report import headlines, markdown, summarize, target_checks
+from loopbridge_bench.vllm._run import (
     Scenario,
     _open_scenarios,
     _scenarios,
@@ -119,7 +119,7 @@ def test_shared_prefix_and_its_stated_hit_rate() -> None:
     assert expected_hit_rate([_job(requests=50)], 16) == 0.0
     args = parse_args(["--shared-prefix", "24", "--prompt-len", "64"])
     assert args.prefix_caching == "auto"
-    from loopbridge_vllm.bench._run import prefix_caching
+    from loopbridge_bench.vllm._run import prefix_caching
 
     assert prefix_caching(args) and not prefix_caching(parse_args([]))
     assert not prefix_caching(parse_args(["--shared-prefix", "24", "--prefix-caching", "off"]))
@@ -133,9 +133,9 @@ def test_prompt_too_short_for_its_number_is_refused(capsys: pytest.CaptureFixtur
 
 def test_each_cell_meets_its_first_refit_at_its_own_drawn_offset() -> None:
     """Every mode of a cell the same offset, within one refit period; cells independent."""
-    from loopbridge_adapters.bench.record import Cell
-    from loopbridge_vllm.bench._run import busy_load_of
-    from loopbridge_vllm.bench._stack import BusyLoad
+    from loopbridge_bench.common.record import Cell
+    from loopbridge_bench.vllm._run import busy_load_of
+    from loopbridge_bench.vllm._stack import BusyLoad
 
     load = BusyLoad(slice_s=0.004, period_s=0.01, refit_every_s=1.0, refit_pause_s=0.05)
     cells = [
@@ -395,7 +395,7 @@ def test_max_model_len_default_with_a_model(
 def test_each_jobs_ttft_is_reported_in_round_order() -> None:
     """A mode whose second job ran a step slower throughout: the pooled p99 takes the
     slow job's tail, and the job table shows which job it was."""
-    from loopbridge_adapters.bench.summary import job_lines
+    from loopbridge_bench.common.summary import job_lines
 
     def job(round_: int, ttft: float, cpu: float, client: float | None) -> JobRecord:
         r = _rec("loopbridge", ttft, 0.01, cpu)

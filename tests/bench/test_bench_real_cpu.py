@@ -48,7 +48,7 @@ def test_real_cpu_engine_bench(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "loopbridge_vllm.bench",
+        "loopbridge_bench.vllm",
         "--real-cpu",
         "--requests",
         "4",

@@ -112,7 +112,7 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "loopbridge_vllm.bench",
+        "loopbridge_bench.vllm",
         "--requests",
         "4",
         "--concurrency",
@@ -259,7 +259,7 @@ def test_latency_bench_tiny_run(tmp_path: Path) -> None:
     assert len(result["headlines"]) == len(ours) * len(scenarios)
     for line in result["headlines"]:
         assert line.startswith(tuple(scenarios)) and line in proc.stdout
-    assert version in table and "Command: `python -m loopbridge_vllm.bench" in table
+    assert version in table and "Command: `python -m loopbridge_bench.vllm" in table
     for png in ("latency_cdf.png", "latency_itl.png", "latency_p99.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -459,8 +459,8 @@ def test_gpu_bench_dry_run(tmp_path: Path) -> None:
 _MISMATCH = """
 import sys
 from pathlib import Path
-from loopbridge_vllm.bench._stack import EngineSpec, engine_args, prepare_model
-from loopbridge_vllm.bench._stock import check_stock_argv, stock_argv
+from loopbridge_bench.vllm._stack import EngineSpec, engine_args, prepare_model
+from loopbridge_bench.vllm._stock import check_stock_argv, stock_argv
 spec = EngineSpec(None, Path(sys.argv[1]), 0.0, 8, 256)
 ours = engine_args(spec, prepare_model(spec))
 argv = stock_argv(ours, "127.0.0.1", 8000)
@@ -491,8 +491,8 @@ def test_stock_command_must_build_the_same_engine() -> None:
 
 
 def test_requests_per_job_and_stock_flags() -> None:
-    from loopbridge_vllm.bench._run import parse_args, requests_for
-    from loopbridge_vllm.bench._stock import _flag
+    from loopbridge_bench.vllm._run import parse_args, requests_for
+    from loopbridge_bench.vllm._stock import _flag
 
     args = parse_args([])
     assert args.concurrency == [1, 16, 64] and args.stream == "both"
@@ -512,7 +512,7 @@ def test_requests_per_job_and_stock_flags() -> None:
 
 
 def test_stream_end_parsing() -> None:
-    from loopbridge_adapters.bench.load import _FIRST_TEXT, _stream_end
+    from loopbridge_bench.common.load import _FIRST_TEXT, _stream_end
 
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}\n\ndata: [DONE]\n\n'
     body = b'data: {"choices":[{"text":"ab","index":0}]}\n\n' + usage
@@ -527,14 +527,14 @@ def test_stream_end_parsing() -> None:
 
 
 def test_percentile_and_summary() -> None:
-    from loopbridge_vllm.bench._report import percentile, summarize, target_checks
+    from loopbridge_bench.vllm._report import percentile, summarize, target_checks
 
     assert percentile([], 50) != percentile([], 50)  # NaN for no data
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
 
-    from loopbridge_adapters.bench.load import Sample
-    from loopbridge_adapters.bench.record import JobRecord
+    from loopbridge_bench.common.load import Sample
+    from loopbridge_bench.common.record import JobRecord
 
     def rec(mode: str, e2e: float, warmup: bool = False) -> JobRecord:
         samples = [Sample(start=0.0, ttft=e2e / 2, e2e=e2e, tokens=4, error=None)] * 10
@@ -563,7 +563,7 @@ def test_percentile_and_summary() -> None:
 def test_client_share_and_its_warning() -> None:
     """The report says how busy the load generator was, and warns when it may have
     delayed its own requests."""
-    from loopbridge_adapters.bench.summary import CLIENT_BUSY_SHARE, client_line, client_share
+    from loopbridge_bench.common.summary import CLIENT_BUSY_SHARE, client_line, client_share
 
     assert client_share([(0.5, 2.0), (1.5, 2.0)]) == 0.5
     assert math.isnan(client_share([]))
@@ -583,8 +583,8 @@ def test_client_share_and_its_warning() -> None:
 
 def test_a_job_record_comes_back_from_its_json() -> None:
     """latency.json's records read back as they were (scripts/latency-ranges.py reads them)."""
-    from loopbridge_adapters.bench.load import Sample
-    from loopbridge_adapters.bench.record import JobRecord
+    from loopbridge_bench.common.load import Sample
+    from loopbridge_bench.common.record import JobRecord
 
     sample = Sample(start=0.0, ttft=0.01, e2e=0.2, tokens=4, itl=[0.005], written_at=1.5)
     rec = job_record(

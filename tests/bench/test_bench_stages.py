@@ -20,9 +20,9 @@ import pytest
 pytest.importorskip("vllm")
 
 
-from loopbridge_adapters.bench.load import REQUEST_ID_HEADER, Sample, request_id
-from loopbridge_adapters.bench.record import JobRecord
-from loopbridge_vllm.bench._stages import (
+from loopbridge_bench.common.load import REQUEST_ID_HEADER, Sample, request_id
+from loopbridge_bench.common.record import JobRecord
+from loopbridge_bench.vllm._stages import (
     STAGES,
     StageProbe,
     TimedClient,
@@ -120,10 +120,10 @@ def test_output_marks_take_the_engines_first_queued_and_scheduled_events() -> No
 def test_the_stage_probe_turns_vllms_stats_on_in_both_engines(tmp_path: Path) -> None:
     """The EngineCore records its events only with stats on: ``--stages on`` turns them
     on in the threaded stack's engine and, from the same arguments, in stock's."""
-    from loopbridge_vllm.bench._args import parse_args
-    from loopbridge_vllm.bench._run import _spec
-    from loopbridge_vllm.bench._stack import engine_args
-    from loopbridge_vllm.bench._stock import stock_argv
+    from loopbridge_bench.vllm._args import parse_args
+    from loopbridge_bench.vllm._run import _spec
+    from loopbridge_bench.vllm._stack import engine_args
+    from loopbridge_bench.vllm._stock import stock_argv
 
     for stages, on in (("on", True), ("off", False)):
         spec = _spec(parse_args(["--stages", stages, "--cache-dir", str(tmp_path)]))
@@ -259,7 +259,7 @@ def test_own_loop_topology_with_the_stage_probe_end_to_end(tmp_path: Path) -> No
     cmd = [
         sys.executable,
         "-m",
-        "loopbridge_vllm.bench",
+        "loopbridge_bench.vllm",
         *("--requests", "4", "--concurrency", "2", "--rounds", "1", "--warmup-rounds", "0"),
         *("--output-len", "4", "--prompt-len", "8", "--step-ms", "1", "--stream", "on"),
         *("--busy", "own-loop", "--busy-slice-ms", "1", "--busy-period-ms", "5"),

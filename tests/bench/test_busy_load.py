@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from loopbridge_vllm.bench._stack import BUSY_WORK, BusyLoad, _busy
+from loopbridge_bench.vllm._stack import BUSY_WORK, BusyLoad, _busy
 
 #: A refit as soon as the load starts, and no time paused beyond the calls.
 _REFIT_AT_ONCE = BusyLoad(refit_every_s=1e-6, refit_pause_s=0.0)

@@ -1,4 +1,4 @@
-"""The benchmarks' garbage-collector bookkeeping (loopbridge_adapters.bench.gc_clock)."""
+"""The benchmarks' garbage-collector bookkeeping (loopbridge_bench.common.gc_clock)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loopbridge_adapters.bench.gc_clock import GcClock, settle
+from loopbridge_bench.common.gc_clock import GcClock, settle
 
 
 @pytest.fixture

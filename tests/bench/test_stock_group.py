@@ -39,7 +39,7 @@ signal.pause()
 #: The parent: starts the group, reports every pid, then waits to be killed (or told to stop).
 _PARENT = r"""
 import json, os, subprocess, sys
-from loopbridge_vllm.bench._group import spawn_group
+from loopbridge_bench.vllm._group import spawn_group
 guardian = spawn_group([sys.executable, "-c", sys.argv[1], sys.argv[2]],
                        env=dict(os.environ), stdout=subprocess.PIPE, grace_s=float(sys.argv[3]))
 server, child = json.loads(guardian.stdout.readline())
@@ -147,9 +147,9 @@ def test_the_commands_own_exit_takes_the_rest_of_the_group() -> None:
 _REAL_PARENT = r"""
 import json, os, sys
 from pathlib import Path
-from loopbridge_vllm.bench._group import group_members
-from loopbridge_vllm.bench._stack import EngineSpec, engine_args, prepare_model
-from loopbridge_vllm.bench._stock import StockServer
+from loopbridge_bench.vllm._group import group_members
+from loopbridge_bench.vllm._stack import EngineSpec, engine_args, prepare_model
+from loopbridge_bench.vllm._stock import StockServer
 spec = EngineSpec(None, Path(sys.argv[1]), 0.001, 4, 256)
 stock = StockServer(engine_args(spec, prepare_model(spec)), Path(sys.argv[2]))
 stock.start(dict(os.environ))

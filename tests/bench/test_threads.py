@@ -1,4 +1,4 @@
-"""The serving process's threads per job (``loopbridge_adapters.bench.threads``)."""
+"""The serving process's threads per job (``loopbridge_bench.common.threads``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from loopbridge_adapters.bench.load import Sample
-from loopbridge_adapters.bench.record import JobRecord
-from loopbridge_adapters.bench.summary import summarize as summarize_with
-from loopbridge_adapters.bench.threads import (
+from loopbridge_bench.common.load import Sample
+from loopbridge_bench.common.record import JobRecord
+from loopbridge_bench.common.summary import summarize as summarize_with
+from loopbridge_bench.common.threads import (
     ThreadTimes,
     job_threads,
     named_threads,
@@ -161,8 +161,8 @@ def test_the_report_gives_each_group_per_request_and_the_busiest_threads() -> No
 
 
 def test_both_benchmarks_reports_carry_the_table() -> None:
-    from loopbridge_sglang.bench._report import markdown as sglang_markdown
-    from loopbridge_vllm.bench._report import markdown as vllm_markdown
+    from loopbridge_bench.sglang._report import markdown as sglang_markdown
+    from loopbridge_bench.vllm._report import markdown as vllm_markdown
 
     jobs = [_job({"http": [0.010, 0.002, 40.0, 2.0, 0.0]})]
     for r in jobs:

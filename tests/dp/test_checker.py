@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from loopbridge_vllm.dp import VARIANTS, Config, Result, check
+from loopbridge_bench.dp_check import VARIANTS, Config, Result, check
 
 
 def run(variant: str, record_property: Any, heal: bool = False, **bounds: Any) -> Result:

@@ -22,8 +22,8 @@ import torch.distributed
 import vllm.config.parallel as parallel
 from test_conformance import FILTERED, PLAIN, RealRank, project_model, project_real, to_real
 
-from loopbridge_vllm.dp import VARIANTS, Config, Violation, check
-from loopbridge_vllm.dp import _model as m
+from loopbridge_bench.dp_check import VARIANTS, Config, Violation, check
+from loopbridge_bench.dp_check import _model as m
 
 
 class Stuck(BaseException):

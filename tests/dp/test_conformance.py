@@ -37,7 +37,7 @@ from vllm.v1.engine import EngineCoreRequestType as T
 from vllm.v1.engine import FinishReason
 from vllm.v1.engine.core import DPEngineCoreProc, EngineShutdownState
 
-from loopbridge_vllm.dp import _model as m
+from loopbridge_bench.dp_check import _model as m
 from loopbridge_vllm.dp import _patch
 
 REQ_LEN = 2

@@ -87,7 +87,7 @@ def _name(request_type: Any, request: Any) -> str:
 def _add(rid: str) -> tuple[Any, Any]:
     from test_conformance import to_real
 
-    import loopbridge_vllm.dp._model as m
+    import loopbridge_bench.dp_check._model as m
 
     return to_real(m.Add(req=int(rid), wave=0))
 

@@ -1,4 +1,4 @@
-"""``python -m loopbridge_sglang.bench --quick`` end to end, and its configuration check.
+"""``python -m loopbridge_bench.sglang --quick`` end to end, and its configuration check.
 
 No timing is asserted (speed goals live in the benchmark's own report): the quick run
 must measure both modes in every scenario over real HTTP, every request must complete
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from loopbridge_adapters.bench.load import _GENERATE_EVENT, Job, _body, _stream_end
-from loopbridge_sglang.bench._stack import ConfigMismatchError, Stack
+from loopbridge_bench.common.load import _GENERATE_EVENT, Job, _body, _stream_end
+from loopbridge_bench.sglang._stack import ConfigMismatchError, Stack
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -27,7 +27,7 @@ def test_quick_bench_measures_stock_and_loopbridge(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "loopbridge_sglang.bench", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "loopbridge_bench.sglang", "--quick", "--out", str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -64,7 +64,7 @@ def test_quick_bench_measures_stock_and_loopbridge(tmp_path: Path) -> None:
     assert all(isinstance(t["met"], bool) for t in targets)
     md = (out / "latency.md").read_text()
     assert "loopbridge / stock" in md and "Targets:" in md
-    assert "Command: `python -m loopbridge_sglang.bench --quick --out" in md
+    assert "Command: `python -m loopbridge_bench.sglang --quick --out" in md
     # The terminal gets the report; SGLang's logs go to a file.
     assert "Targets:" in proc.stdout and "| stream-c1 | stock |" in proc.stdout
     assert "UserWarning" not in proc.stdout + proc.stderr

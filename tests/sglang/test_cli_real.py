@@ -25,7 +25,10 @@ from loopbridge_sglang import __main__ as cli
 
 @pytest.mark.parametrize(
     ("where", "said"),
-    [([], "server thread uvloop"), (["--on-engine-loop"], "server on the owner loop")],
+    [
+        (["--max-body-bytes", "65536"], "server thread uvloop"),
+        (["--on-engine-loop", "--no-metrics"], "server on the owner loop"),
+    ],
 )
 def test_serve_answers_then_stops_in_order_without_leftovers(
     tiny_model: Path, tmp_path: Path, where: list[str], said: str
@@ -80,6 +83,17 @@ def test_serve_answers_then_stops_in_order_without_leftovers(
         with httpx.Client(base_url=url, timeout=30) as anonymous:
             assert anonymous.get("/health").status_code == 200
             assert anonymous.post("/generate", json=body).status_code == 401
+            # /metrics is open, as stock's: loopbridge's series unless --no-metrics
+            # (then SGLang's app answers, and without --enable-metrics it has none).
+            metrics = anonymous.get("/metrics")
+            if "--no-metrics" in where:
+                assert metrics.status_code == 404
+            else:
+                assert metrics.status_code == 200 and "loopbridge_loop_lag_seconds" in metrics.text
+            # A body over --max-body-bytes is refused before anything reads it.
+            padded = {**body, "padding": "x" * 100_000}
+            status = anonymous.post("/generate", json=padded).status_code
+            assert status == (413 if "--max-body-bytes" in where else 401)
         headers = {"Authorization": "Bearer sekrit"}
         with httpx.Client(base_url=url, timeout=30, headers=headers) as client:
             assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny"]

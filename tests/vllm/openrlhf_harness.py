@@ -118,7 +118,7 @@ class _Errors(logging.Handler):
 
 def install_amplifier(actor: Any) -> None:
     """The benchmark's correctness-phase hook, process-wide, and an error log."""
-    from loopbridge_vllm.bench import CollectorSetHold
+    from loopbridge_bench.vllm import CollectorSetHold
 
     assert "hook" not in _state, "amplifier already installed in this actor"
     _state["errors"] = errors = _Errors()

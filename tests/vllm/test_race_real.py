@@ -4,7 +4,7 @@ Topology of the bug report: ``AsyncLLM`` created on one loop (a Ray actor's),
 vLLM's OpenAI app served by uvicorn on a second thread. With the raw engine
 handed to the server, the server thread waits on each request's
 ``RequestOutputCollector`` event while the engine's output handler sets it
-from the owner thread. ``loopbridge_vllm.bench.CollectorSetHold`` makes the overlap
+from the owner thread. ``loopbridge_bench.vllm.CollectorSetHold`` makes the overlap
 certain, so the raw run must kill the output handler with ``deque mutated
 during iteration``; the same run through ``loopbridge_vllm`` must finish all
 128 requests.
@@ -20,7 +20,7 @@ import pytest
 from vllm_engines import start_engine, stop_engine
 from vllm_load import run_load
 
-from loopbridge_vllm.bench import CollectorSetHold
+from loopbridge_bench.vllm import CollectorSetHold
 from loopbridge_vllm.server import OpenAIServer, ServerStartError, start_openai_server
 
 #: Release-sensitive: runs on every tested vLLM release's lane.

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES
 from loopbridge_vllm import OpenAIServer, start_openai_server
-from loopbridge_vllm._body_limit import DEFAULT_MAX_BODY_BYTES
 
 LIMIT = 2**20  # 1 MiB for the small-limit server
 PAD = 10 * 10**6  # the bulk of a 10 MB body, in a field vLLM ignores

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from loopbridge_sglang.bench import main
+from loopbridge_bench.sglang import main
 
 if __name__ == "__main__":  # the load generator and the stand-in start processes
     main()

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loopbridge_adapters.bench.console import tail
-from loopbridge_adapters.bench.load import Job, LoadProcess, Sample
+from loopbridge_bench.common.console import tail
+from loopbridge_bench.common.load import Job, LoadProcess, Sample
 
 from ._amplifier import CollectorSetHold
 from ._report import versions_line

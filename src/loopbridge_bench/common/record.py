@@ -2,7 +2,8 @@
 make the jobs, and the versions that produced them.
 
 * :class:`JobRecord` - one job (one mode, one scenario, one round) and its samples;
-  :mod:`loopbridge_adapters.bench.summary` reads these, ``latency.json`` holds
+  :func:`scenario_key` names its scenario;
+  :mod:`loopbridge_bench.common.summary` reads these, ``latency.json`` holds
   :meth:`JobRecord.as_json` of each.
 * :func:`rounds` - the round x scenario loop, with the mode order rotated per round
   and scenario, shared by the vLLM and SGLang benchmarks.
@@ -24,11 +25,26 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from .load import Sample
-from .summary import scenario_key
 
-__all__ = ["Cell", "JobRecord", "job_seed", "rounds", "versions"]
+__all__ = ["Cell", "JobRecord", "job_seed", "rounds", "scenario_key", "versions"]
 
 S = TypeVar("S")
+
+
+def scenario_key(
+    stream: bool,
+    c: int,
+    busy: bool,
+    endpoint: str = "completions",
+    rate_fraction: float | None = None,
+    own_loop: bool = False,
+) -> str:
+    """``stream-c16``, ``nostream-chat-c1-busy``, ``stream-r0.5`` (open loop, half of capacity),
+    ``stream-c16-busy-own-loop`` (the busy actor on its loop, the engine on its own)."""
+    load = f"r{rate_fraction:g}" if rate_fraction is not None else f"c{c}"
+    chat = "-chat" if endpoint == "chat" else ""
+    tail = ("-busy-own-loop" if own_loop else "-busy") if busy else ""
+    return f"{'stream' if stream else 'nostream'}{chat}-{load}{tail}"
 
 
 @dataclass

@@ -1,9 +1,9 @@
-"""The benchmark's command line and rounds: ``python -m loopbridge_sglang.bench``.
+"""The benchmark's command line and rounds: ``python -m loopbridge_bench.sglang``.
 
 Every round runs each scenario (streaming and non-streaming ``/generate`` at each
 concurrency) once per mode, the mode order rotating with the round and the scenario so
 drift and warm-up hit both modes alike. Each job gets requests no other job sent
-(:mod:`loopbridge_adapters.bench.load`), the same lengths for both modes of a round
+(:mod:`loopbridge_bench.common.load`), the same lengths for both modes of a round
 and scenario, and a server of its own (:meth:`Stack.serving`). Before the first
 measured job, both modes' ``/model_info`` must agree (:meth:`Stack.check_same`).
 """
@@ -20,19 +20,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loopbridge_adapters.bench.args import (
+from loopbridge_bench.common.args import (
     add_load_options,
     add_round_options,
     requests_for,
     requests_meta,
     resolve_load_defaults,
 )
-from loopbridge_adapters.bench.console import Console
-from loopbridge_adapters.bench.gc_clock import GcClock, settle
-from loopbridge_adapters.bench.load import Job, LoadProcess
-from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed, rounds, versions
-from loopbridge_adapters.bench.summary import scenario_key, summarize
-from loopbridge_adapters.bench.threads import job_threads, named_threads, snapshot
+from loopbridge_bench.common.console import Console
+from loopbridge_bench.common.gc_clock import GcClock, settle
+from loopbridge_bench.common.load import Job, LoadProcess
+from loopbridge_bench.common.record import (
+    Cell,
+    JobRecord,
+    job_seed,
+    rounds,
+    scenario_key,
+    versions,
+)
+from loopbridge_bench.common.summary import summarize
+from loopbridge_bench.common.threads import job_threads, named_threads, snapshot
 
 from ._report import markdown, target_checks, terminal_report
 from ._stack import MODES, Stack
@@ -46,7 +53,7 @@ _ENDPOINT = "generate"
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m loopbridge_sglang.bench",
+        prog="python -m loopbridge_bench.sglang",
         description=(
             "Latency of SGLang's own HTTP app over a real TokenizerManager (stand-in "
             "scheduler, real ZMQ messages), driven over real HTTP on kept-alive "

@@ -64,9 +64,9 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loopbridge_adapters.bench.load import REQUEST_ID_HEADER
-from loopbridge_adapters.bench.record import JobRecord
-from loopbridge_adapters.bench.summary import percentile
+from loopbridge_bench.common.load import REQUEST_ID_HEADER
+from loopbridge_bench.common.record import JobRecord
+from loopbridge_bench.common.summary import percentile
 
 __all__ = [
     "STAGES",

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from loopbridge_vllm.bench import main
+from loopbridge_bench.vllm import main
 
 if __name__ == "__main__":  # vLLM and the load generator spawn processes
     main()

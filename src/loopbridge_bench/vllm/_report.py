@@ -1,6 +1,6 @@
 """The Markdown table, the target checks and the plots of the latency benchmark.
 
-The statistics are :mod:`loopbridge_adapters.bench.summary`'s (shared with the SGLang
+The statistics are :mod:`loopbridge_bench.common.summary`'s (shared with the SGLang
 benchmark), over this benchmark's modes.
 """
 
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loopbridge_adapters.bench import summary
-from loopbridge_adapters.bench.record import JobRecord
-from loopbridge_adapters.bench.summary import COMPARED as _COMPARED
-from loopbridge_adapters.bench.summary import (
+from loopbridge_bench.common import summary
+from loopbridge_bench.common.record import JobRecord, scenario_key
+from loopbridge_bench.common.summary import COMPARED as _COMPARED
+from loopbridge_bench.common.summary import (
     STOCK_TARGETS,
     Target,
     check_targets,
@@ -23,12 +23,11 @@ from loopbridge_adapters.bench.summary import (
     job_lines,
     percentile,
     ratio,
-    scenario_key,
 )
-from loopbridge_adapters.bench.summary import ms as _ms
-from loopbridge_adapters.bench.summary import three as _three
-from loopbridge_adapters.bench.summary import times as _x
-from loopbridge_adapters.bench.threads import thread_lines
+from loopbridge_bench.common.summary import ms as _ms
+from loopbridge_bench.common.summary import three as _three
+from loopbridge_bench.common.summary import times as _x
+from loopbridge_bench.common.threads import thread_lines
 
 from ._stack import BUSY_WORK, OURS
 
@@ -57,7 +56,7 @@ BASELINES = ("stock", "unsafe", "per-hop")
 
 
 def summarize(records: Sequence[JobRecord]) -> list[dict[str, Any]]:
-    """:func:`loopbridge_adapters.bench.summary.summarize` with this benchmark's modes,
+    """:func:`loopbridge_bench.common.summary.summarize` with this benchmark's modes,
     compared with ``stock``, ``unsafe`` and ``per-hop``."""
     return summary.summarize(records, tuple(MODE_COLORS), BASELINES)
 
@@ -145,7 +144,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             lines.append(
                 f"| {c['scenario']} | {c['what']} | {c['value']} | {'yes' if c['met'] else '**no**'} |"
             )
-    lines += ["", f"Command: `python -m loopbridge_vllm.bench {' '.join(meta['argv'])}`".rstrip()]
+    lines += ["", f"Command: `python -m loopbridge_bench.vllm {' '.join(meta['argv'])}`".rstrip()]
     return "\n".join(lines)
 
 

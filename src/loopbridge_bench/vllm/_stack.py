@@ -13,7 +13,7 @@ reaches the engine:
   ``add_request`` and the owner loop's utility calls (the refit cycle)
   interleave frames on one ZMQ socket, and libzmq aborts the whole process
   (``Assertion failed: !_current_out``);
-* ``per-hop``: :class:`~loopbridge_vllm.bench._perhop.PerHopClient`;
+* ``per-hop``: :class:`~loopbridge_bench.vllm._perhop.PerHopClient`;
 * ``loopbridge``: :func:`loopbridge_vllm.engine_client_proxy`;
 * ``on-engine-loop``: the same proxy with the server on the engine's owner loop
   (``on_engine_loop=True``): no thread of its own, ``vllm serve``'s topology in

@@ -34,10 +34,9 @@ from typing import Any
 
 from loopbridge import LoopThread, unwrap
 from loopbridge_adapters.http import bind, loop_factory, thread_server_class
-
-from ..cpu_manager import StandInScheduler, build_tiny_model, make_tokenizer_manager
-from ..manager import tokenizer_manager_proxy
-from ..server import _skip_warmup, start_sglang_server
+from loopbridge_sglang.cpu_manager import StandInScheduler, build_tiny_model, make_tokenizer_manager
+from loopbridge_sglang.manager import tokenizer_manager_proxy
+from loopbridge_sglang.server import _skip_warmup, start_sglang_server
 
 __all__ = ["MODES", "ConfigMismatchError", "Stack"]
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal, TypeVar, Union
 
-from ._filter import Decision, FilterView, decide
+from loopbridge_vllm.dp import Decision, FilterView, decide
 
 _T = TypeVar("_T")
 _SLOTS: dict[type, tuple[str, ...]] = {}

@@ -1,4 +1,4 @@
-"""``python -m loopbridge_vllm.dp check --variant c --ranks 2 ...``"""
+"""``python -m loopbridge_bench.dp_check check --variant c --ranks 2 ...``"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ._model import VARIANTS, Config
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loopbridge_vllm.dp")
+    p = argparse.ArgumentParser(prog="python -m loopbridge_bench.dp_check")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="explore every interleaving within the bounds")
     c.add_argument("--variant", choices=sorted(VARIANTS), required=True)

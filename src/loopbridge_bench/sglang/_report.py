@@ -1,6 +1,6 @@
 """The SGLang benchmark's report: the setting, absolute figures, ratios, the targets.
 
-Rows come from :func:`loopbridge_adapters.bench.summary.summarize`; ratios are
+Rows come from :func:`loopbridge_bench.common.summary.summarize`; ratios are
 ``loopbridge / stock`` of the same scenario, measured interleaved in one run.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopbridge_adapters.bench.summary import (
+from loopbridge_bench.common.summary import (
     STOCK_TARGETS,
     check_targets,
     errors_check,
@@ -17,7 +17,7 @@ from loopbridge_adapters.bench.summary import (
     three,
     times,
 )
-from loopbridge_adapters.bench.threads import thread_lines
+from loopbridge_bench.common.threads import thread_lines
 
 __all__ = ["markdown", "target_checks", "terminal_report"]
 
@@ -132,7 +132,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += job_lines(rows)
     lines += thread_lines(rows)
     lines += ["", *_targets(rows, every=True)]
-    lines += ["", f"Command: `python -m loopbridge_sglang.bench {' '.join(meta['argv'])}`".rstrip()]
+    lines += ["", f"Command: `python -m loopbridge_bench.sglang {' '.join(meta['argv'])}`".rstrip()]
     return "\n".join(lines)
 
 

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loopbridge_adapters.bench.args import (
+from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S, parse_switch_interval_ms
+from loopbridge_bench.common.args import (
     add_load_options,
     add_round_options,
     resolve_load_defaults,
 )
-from loopbridge_adapters.bench.load import ID_TOKENS, LENGTH_SHAPES, OPENAI_ENDPOINTS, length_bounds
-from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S, parse_switch_interval_ms
+from loopbridge_bench.common.load import ID_TOKENS, LENGTH_SHAPES, OPENAI_ENDPOINTS, length_bounds
 
 from ._devices import parse_fake_gpus
 from ._stack import BUSY_WORK, THREADED_MODES
@@ -87,7 +87,7 @@ def _engine_arg(text: str) -> tuple[str, Any]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m loopbridge_vllm.bench",
+        prog="python -m loopbridge_bench.vllm",
         description=(
             "Latency of vLLM's OpenAI server on its own thread, driven over real HTTP on "
             "kept-alive connections, with the engine reached three ways: unsafe (raw "

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loopbridge_adapters.bench.args import requests_for, requests_meta
-from loopbridge_adapters.bench.console import Console, tail
-from loopbridge_adapters.bench.gc_clock import GcClock, settle
-from loopbridge_adapters.bench.load import (
+from loopbridge_bench.common.args import requests_for, requests_meta
+from loopbridge_bench.common.console import Console, tail
+from loopbridge_bench.common.gc_clock import GcClock, settle
+from loopbridge_bench.common.load import (
     OPENAI_ENDPOINTS,
     Job,
     LoadProcess,
@@ -26,8 +26,8 @@ from loopbridge_adapters.bench.load import (
     length_bounds,
     request_lengths,
 )
-from loopbridge_adapters.bench.record import Cell, JobRecord, job_seed, rounds, versions
-from loopbridge_adapters.bench.threads import job_threads, named_threads, snapshot
+from loopbridge_bench.common.record import Cell, JobRecord, job_seed, rounds, versions
+from loopbridge_bench.common.threads import job_threads, named_threads, snapshot
 
 from ._args import BUSY_CHOICES, MODES, OWNER_LOOPS, parse_args, prefix_caching
 from ._correctness import Outcome, correctness_markdown, run_correctness, verdict_lines
@@ -682,7 +682,7 @@ def _stages(probe: StageProbe, samples: list[Sample]) -> list[dict[str, float]]:
 
 def _server_pid(mode: str, stock: StockServer | None) -> int | None:
     """The process that serves ``mode``'s HTTP requests: ``vllm serve``'s for stock
-    (its threads have no names here: :mod:`loopbridge_adapters.bench.threads`), this
+    (its threads have no names here: :mod:`loopbridge_bench.common.threads`), this
     one for the threaded modes."""
     if mode == "stock":
         return stock.server_pid() if stock is not None else None

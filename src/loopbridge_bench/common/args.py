@@ -1,6 +1,6 @@
 """The load options both latency benchmarks share, with the same meaning in each.
 
-``python -m loopbridge_vllm.bench`` and ``python -m loopbridge_sglang.bench`` describe
+``python -m loopbridge_bench.vllm`` and ``python -m loopbridge_bench.sglang`` describe
 their workload the same way: how many requests, at which concurrencies, how long, streamed
 or not, in how many rounds. Those options, their ``--quick`` defaults and the requests per
 job are defined here once; each benchmark adds its own engine options around them.

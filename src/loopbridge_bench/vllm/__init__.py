@@ -1,4 +1,4 @@
-"""The latency benchmark: ``python -m loopbridge_vllm.bench``.
+"""The latency benchmark: ``python -m loopbridge_bench.vllm``.
 
 It starts vLLM's OpenAI server on its own thread over a real ``AsyncLLM`` owned
 by another loop, drives it over real HTTP from a separate load-generator

@@ -1,7 +1,7 @@
 """Statistics over the load generator's samples: percentiles, rows per scenario and
 mode, ratios between modes measured in the same run, and their formatting.
 
-A record is one job: a :class:`~loopbridge_adapters.bench.record.JobRecord`.  Invariants:
+A record is one job: a :class:`~loopbridge_bench.common.record.JobRecord`.  Invariants:
 warm-up records never count; a ratio compares two modes of one scenario (rounds
 interleave the modes, so drift hits both); a ratio against a baseline below
 :data:`RATIO_FLOOR` or against no data is NaN, never a number.
@@ -38,7 +38,6 @@ __all__ = [
     "percentile",
     "ratio",
     "rec_key",
-    "scenario_key",
     "summarize",
     "three",
     "times",
@@ -55,22 +54,6 @@ def percentile(xs: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def scenario_key(
-    stream: bool,
-    c: int,
-    busy: bool,
-    endpoint: str = "completions",
-    rate_fraction: float | None = None,
-    own_loop: bool = False,
-) -> str:
-    """``stream-c16``, ``nostream-chat-c1-busy``, ``stream-r0.5`` (open loop, half of capacity),
-    ``stream-c16-busy-own-loop`` (the busy actor on its loop, the engine on its own)."""
-    load = f"r{rate_fraction:g}" if rate_fraction is not None else f"c{c}"
-    chat = "-chat" if endpoint == "chat" else ""
-    tail = ("-busy-own-loop" if own_loop else "-busy") if busy else ""
-    return f"{'stream' if stream else 'nostream'}{chat}-{load}{tail}"
 
 
 def rec_key(rec: JobRecord) -> str:

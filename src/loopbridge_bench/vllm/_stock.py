@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from loopbridge_adapters.bench.threads import TICK_S, stat_fields
+from loopbridge_bench.common.threads import TICK_S, stat_fields
 
 from ._group import group_members, parent_of, spawn_group
 
