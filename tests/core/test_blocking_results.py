@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -146,58 +146,3 @@ def test_an_entered_result_still_gives_a_face(owner: lb.LoopThread) -> None:
         assert conn == "connection"
     assert (target.made, target.entered, target.released) == (2, 2, 2)
     assert b.acquire().result() == "connection"  # awaited, on its face
-
-
-# ------------------------------------------------------------ real servers
-@pytest.fixture(scope="module")
-def pg() -> Iterator[Any]:
-    pytest.importorskip("asyncpg", reason="asyncpg is not installed (dependency group: recipes)")
-    from servers.launch import ServerUnavailable, postgres
-
-    try:
-        with postgres() as server:
-            yield server
-    except ServerUnavailable as e:
-        pytest.skip(f"no PostgreSQL server: {e}")
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[Any]:
-    pytest.importorskip("redis", reason="redis is not installed (dependency group: recipes)")
-    from servers.launch import ServerUnavailable, redis
-
-    try:
-        with redis() as server:
-            yield server
-    except ServerUnavailable as e:
-        pytest.skip(f"no Redis server: {e}")
-
-
-def test_the_asyncpg_recipe_gives_values(pg: Any) -> None:
-    from recipes.recipe import load_recipe
-
-    recipe = load_recipe("asyncpg")
-    assert not hasattr(recipe, "value")  # no helper for what the Python version does
-    with lb.LoopThread() as owner:
-        pool = recipe.open_pool(owner, pg.dsn, min_size=1, max_size=2)
-        try:
-            assert recipe.double(pool, 21) == 42
-            with lb.blocking(pool).acquire() as conn:
-                value = lb.blocking(conn).fetchval("SELECT $1::int + 1", 1)
-                assert type(value) is int and value == 2
-        finally:
-            recipe.close_pool(pool)
-
-
-def test_the_redis_recipe_gives_replies(redis_server: Any) -> None:
-    from recipes.recipe import load_recipe
-
-    recipe = load_recipe("redis")
-    with lb.LoopThread() as owner:
-        client = recipe.open_client(owner, redis_server.url)
-        try:
-            lb.blocking(client).delete("blocking-results")
-            assert lb.blocking(client).incr("blocking-results") == 1
-            assert recipe.count_hit(client, "blocking-results") == [3, 4]
-        finally:
-            recipe.close_client(client)
