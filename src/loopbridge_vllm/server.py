@@ -37,7 +37,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
-from loopbridge_adapters.http import ExitReason, bind, bind_unix, loop_factory
+from loopbridge_adapters.http import ExitReason, bind_unix
+from loopbridge_adapters.on_loop import arun_on
 from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
@@ -175,11 +176,6 @@ def check_serve_args(client: EngineClient, args: argparse.Namespace) -> None:
         )
 
 
-# The shared pieces, under the names this module's callers use.
-_bind = bind
-_bind_unix = bind_unix
-
-
 def _uses_tls(args: argparse.Namespace) -> bool:
     # vLLM's launcher announces https exactly when both files are given.
     return bool(getattr(args, "ssl_keyfile", None) and getattr(args, "ssl_certfile", None))
@@ -238,9 +234,6 @@ def _uvicorn_config(app: Any, args: argparse.Namespace, log_level: str, grace: f
     config.h11_max_header_count = args.h11_max_header_count
     config.load()  # builds the SSL context the certificate refresher reloads
     return config
-
-
-_loop_factory = loop_factory
 
 
 class OpenAIServer(ThreadedServer):
@@ -311,15 +304,12 @@ class OpenAIServer(ThreadedServer):
             name=name,
             use_uvloop=use_uvloop,
             switch_interval=switch_interval,
-            on_owner_loop=on_engine_loop,
+            on_engine_loop=on_engine_loop,
         )
 
     def _release(self) -> None:
         if self.pause_watch is not None:
             self.pause_watch.close()  # the engine's pause members as they were
-
-    def _listen(self, host: str, port: int) -> socket.socket:
-        return _bind(host, port)  # the module's name: tests replace it
 
     def _scheme(self) -> str:
         return "https" if _uses_tls(self.args) else "http"
@@ -425,9 +415,7 @@ class OpenAIServer(ThreadedServer):
         if owner is None:
             return
         # The label names the engine: its model and the thread that owns it.
-        thread = await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(_current_thread_name(), owner)
-        )
+        thread = await arun_on(owner, _current_thread_name)
         names = self.client.model_config.served_model_name
         model = names if isinstance(names, str) else (names or [self.client.model_config.model])[0]
         export_metrics(owner, f"{model} on {thread}")
@@ -453,6 +441,9 @@ class OpenAIServer(ThreadedServer):
         if owner is None or owner.is_closed():
             return
         engine = unwrap(self.client)
+        # Queued on the loop, not a call through loopbridge's crossing: nobody waits for
+        # it (this server's loop ends now), and a crossing whose caller has gone is
+        # taken back before it starts; the abort must run whenever that loop runs again.
         with contextlib.suppress(RuntimeError):  # closed meanwhile: see above
             owner.call_soon_threadsafe(_start_abort_all, engine)
 
@@ -465,7 +456,7 @@ def _owner_of(client: Any) -> asyncio.AbstractEventLoop | None:
         return None
 
 
-async def _current_thread_name() -> str:
+def _current_thread_name() -> str:
     return threading.current_thread().name
 
 
@@ -648,7 +639,7 @@ def _prepare(
         raise ServeArgsMismatch("serve_argv contradicts the engine it serves: " + "; ".join(wrong))
     import_parser_plugins(args)
     if "uds" in given:
-        sock = _bind_unix(args.uds)
+        sock = bind_unix(args.uds)
     else:
         host = args.host if "host" in given else host
         port = args.port if "port" in given else port

@@ -41,7 +41,7 @@ def test_serves_generate_and_health_then_stops_in_order(
         if on_engine_loop:  # the manager's own loop and thread serve
             assert server.loop is owner.loop and server.thread is owner.thread
         else:  # uvloop is installed with SGLang: the server's loop is uvloop's, as SGLang's
-            assert type(server._loop_thread.loop).__module__.startswith("uvloop")
+            assert type(server.loop).__module__.startswith("uvloop")
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
         out = _generate(server.url, "http-1")
         assert out["output_ids"] == [100, 101, 102, 103]
