@@ -23,6 +23,16 @@
 
 Built on the core's public API only; imports no engine and no adapter. Each adapter
 (``loopbridge_vllm``, ``loopbridge_sglang``) imports it; they never import each other.
+What both adapters export from here reports this package as its module
+(:mod:`loopbridge_adapters.public_names`): ``loopbridge_adapters.ServerStartError``.
 """
 
 from __future__ import annotations
+
+from .http import ExitReason
+from .public_names import publish as _publish
+from .surface import UnclassifiedMemberError
+from .threaded import ServerStartError, ServerState
+
+__all__ = ["ExitReason", "ServerStartError", "ServerState", "UnclassifiedMemberError"]
+_publish(__name__, globals())

@@ -188,7 +188,7 @@ def test_api_key_is_checked_by_sglangs_own_middleware(sgl: Manager, owner: LoopT
 
 def test_the_start_error_is_the_one_both_adapters_share() -> None:
     import loopbridge_sglang
-    from loopbridge_adapters.threaded import ServerStartError
+    from loopbridge_adapters import ServerStartError
     from loopbridge_sglang import server
 
     assert loopbridge_sglang.ServerStartError is server.ServerStartError is ServerStartError
