@@ -29,11 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import inspect
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
@@ -478,6 +480,58 @@ def _keep_alive_on_engine_death() -> bool:
     return os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") not in ("", "0")
 
 
+@dataclasses.dataclass(frozen=True)
+class _StartOptions:
+    """The keyword parameters of :func:`start_openai_server` and
+    :func:`astart_openai_server`, defined once.
+
+    Both entry points spell them out, so that users and type checkers see each one;
+    tests/vllm/test_server_options.py checks that both take exactly these fields, in
+    this order, with these defaults and annotations, and that :class:`OpenAIServer`
+    gives the ones it shares the same defaults. Each entry point hands them over as one
+    object (:meth:`of`).
+    """
+
+    host: str | None = None
+    port: int | None = None
+    serve_argv: Sequence[str] = ()
+    args: argparse.Namespace | None = None
+    grace: float = 5.0
+    shutdown_engine: bool = False
+    log_level: str = "warning"
+    start_timeout: float = 120.0
+    use_uvloop: bool | None = None
+    metrics: bool = True
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
+    sock: socket.socket | None = None
+    routers: Sequence[APIRouter] = ()
+    middleware: Sequence[Middleware] = ()
+    weight_version_tags: bool = False
+    paused_admission: str | PausePolicy = PausePolicy.ENGINE
+    paused_hold_s: float = 60.0
+    switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S
+    on_engine_loop: bool = False
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any]) -> _StartOptions:
+        """The options from an entry point's parameters (its ``locals()``, by name)."""
+        return cls(**{field.name: given[field.name] for field in dataclasses.fields(cls)})
+
+    def for_server(self) -> dict[str, Any]:
+        """The options :class:`OpenAIServer` takes as they are (the address, the
+        namespace and the engine to shut down are :func:`_prepare`'s to settle)."""
+        return {name: getattr(self, name) for name in _SERVER_AS_GIVEN}
+
+
+#: The fields of _StartOptions that OpenAIServer takes unchanged.
+_SERVER_AS_GIVEN = tuple(
+    field.name
+    for field in dataclasses.fields(_StartOptions)
+    if field.name in inspect.signature(OpenAIServer).parameters
+    and field.name not in ("host", "port", "sock", "args")
+)
+
+
 def start_openai_server(
     engine: Any,
     *,
@@ -554,9 +608,8 @@ def start_openai_server(
     GIL that the process's other Python work holds. ``None`` leaves it alone.
     See :mod:`loopbridge_adapters.switch_interval`.
     """
-    settings = dict(locals())  # every parameter above, by name
-    timeout = settings.pop("start_timeout")
-    return _prepare(**settings).start(timeout)
+    options = _StartOptions.of(locals())
+    return _prepare(engine, options, proxy_options).start(options.start_timeout)
 
 
 async def astart_openai_server(
@@ -588,22 +641,13 @@ async def astart_openai_server(
     A Ray async actor that owns the engine calls this from one of its async
     methods: the actor's loop keeps serving the engine while the server starts.
     """
-    settings = dict(locals())  # every parameter above, by name
-    timeout = settings.pop("start_timeout")
-    return await _prepare(**settings).astart(timeout)
+    options = _StartOptions.of(locals())
+    return await _prepare(engine, options, proxy_options).astart(options.start_timeout)
 
 
-def _prepare(
-    engine: Any,
-    serve_argv: Sequence[str],
-    args: argparse.Namespace | None,
-    shutdown_engine: bool,
-    proxy_options: dict[str, Any],
-    host: str | None,
-    port: int | None,
-    sock: socket.socket | None,
-    **server_options: Any,
-) -> OpenAIServer:
+def _prepare(engine: Any, options: _StartOptions, proxy_options: dict[str, Any]) -> OpenAIServer:
+    """The server an entry point starts: the client, the namespace checked against the
+    engine, the address."""
     from loopbridge_vllm.engine import engine_client_proxy, is_engine_client_proxy
 
     client = (
@@ -619,11 +663,12 @@ def _prepare(
         raise ServerStartError("the engine is not healthy") from client.dead_error
     if owner.is_closed():
         raise ServerStartError("the engine's owner loop is closed")
+    host, port, sock, args = options.host, options.port, options.sock, options.args
     listen = Listen(host, port, sock is not None)
     if args is None:
-        args = serve_args(client, serve_argv)
-        given = _given(serve_argv)
-    elif serve_argv:
+        args = serve_args(client, options.serve_argv)
+        given = _given(options.serve_argv)
+    elif options.serve_argv:
         raise ServeOptionError(
             "serve_argv and args= both give the vllm serve options; give one (args= "
             "replaces the whole namespace)"
@@ -646,11 +691,11 @@ def _prepare(
     return OpenAIServer(
         client,
         args=args,
-        engine=client if shutdown_engine else None,
+        engine=client if options.shutdown_engine else None,
         host="127.0.0.1" if host is None else host,
         port=0 if port is None else port,
         sock=sock,
-        **server_options,
+        **options.for_server(),
     )
 
 
