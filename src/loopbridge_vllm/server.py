@@ -568,10 +568,12 @@ def start_openai_server(
     namespace. With ``shutdown_engine=True``, :meth:`OpenAIServer.stop` shuts
     the engine down after the server has stopped. The server's loop is uvloop
     when it is installed, as with ``vllm serve``; ``use_uvloop=False`` runs it
-    on asyncio's own loop. ``sock`` serves an already bound, listening TCP
-    socket instead of binding ``host:port``. ``on_engine_loop=True`` serves on the
-    engine's owner loop, ``vllm serve``'s topology, for an engine on a loop that
-    runs nothing else (``EngineLoop``; see docs/vllm.md); ``use_uvloop`` is refused.
+    on asyncio's own loop, ``use_uvloop=True`` insists on uvloop (as
+    :class:`loopbridge.LoopThread` takes it). ``sock`` serves an already bound,
+    listening TCP socket instead of binding ``host:port``. ``on_engine_loop=True``
+    serves on the engine's owner loop, ``vllm serve``'s topology, for an engine on a
+    loop that runs nothing else (a ``loopbridge.LoopThread``; see docs/vllm.md);
+    ``use_uvloop`` is refused.
 
     With ``metrics=True`` (and ``prometheus_client`` installed, as it is with
     vLLM), loopbridge's series are exported on the app's ``/metrics`` next to
