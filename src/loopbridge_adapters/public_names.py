@@ -24,11 +24,14 @@ __all__ = ["publish"]
 
 def publish(package: str, namespace: Mapping[str, object]) -> None:
     """Set ``__module__`` to ``package`` for each class and function of ``namespace``'s
-    ``__all__`` that one of ``package``'s own modules defines."""
+    ``__all__`` that one of ``package``'s own modules defines (``package`` may be a
+    public module with an ``__all__`` of its own, such as ``loopbridge_vllm.dp``)."""
     names = namespace["__all__"]
     assert isinstance(names, list), f"{package}.__all__ is a list of names"
     for name in names:
-        obj = namespace[name]
+        # A name the module's __getattr__ loads lazily is not there yet: the
+        # __getattr__ publishes it when it loads it (loopbridge_vllm.cpu_engine's does).
+        obj = namespace.get(name)
         if not isinstance(obj, (type, types.FunctionType)):
             continue  # constants and aliases have no module of their own
         if obj.__module__ == package or obj.__module__.startswith(f"{package}."):
