@@ -65,7 +65,7 @@ def measure() -> list[tuple[int, str, str]]:
     threading.setprofile(profile)  # the owner's thread starts after this
     sys.setprofile(profile)
     try:
-        with lb.LoopThread(name="owner") as owner:
+        with lb.LoopThread(name="owner", use_uvloop=False) as owner:
 
             async def build() -> Engine:
                 return Engine()

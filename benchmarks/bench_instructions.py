@@ -61,7 +61,7 @@ def workload(mode: str, n: int) -> None:
     async def build() -> Service:
         return adopt(Service())
 
-    with LoopThread(name="owner") as owner:
+    with LoopThread(name="owner", use_uvloop=False) as owner:
         p = proxy(owner.run(build))
 
         async def calls(workers: int) -> None:

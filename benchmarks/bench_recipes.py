@@ -113,7 +113,7 @@ class GrpcServer:
             await server.start()
             return server, port
 
-        self.loop = lb.LoopThread(name="grpc-server").start()
+        self.loop = lb.LoopThread(name="grpc-server", use_uvloop=False).start()
         self.server, port = self.loop.run(start)
         return f"127.0.0.1:{port}"
 
@@ -343,7 +343,11 @@ def main() -> None:
     results: dict[str, Any] = {}
     load = {"start": os.getloadavg()}
     print(f"load average at start: {load['start']}", flush=True)
-    with Uvicorn() as url, GrpcServer() as target, lb.LoopThread(name="client-owner") as owner:
+    with (
+        Uvicorn() as url,
+        GrpcServer() as target,
+        lb.LoopThread(name="client-owner", use_uvloop=False) as owner,
+    ):
         for kind in clients:
             pool = max(args.workers, args.concurrency)
             c = (

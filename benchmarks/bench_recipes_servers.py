@@ -310,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
 
-    with servers(args) as (dsn, sa_url, redis_url), LoopThread("bench-owner") as owner:
+    with (
+        servers(args) as (dsn, sa_url, redis_url),
+        LoopThread("bench-owner", use_uvloop=False) as owner,
+    ):
         cases, close = scenarios(owner, dsn, sa_url, redis_url, args.pool_size)
         try:
             rows = measure(args, cases)

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    with lb.LoopThread(name="soak-owner") as owner:
+    with lb.LoopThread(name="soak-owner", use_uvloop=False) as owner:
         long_lived = lb.proxy(owner.run(_make))
         start = rss_mib()
         readings: list[float] = []

@@ -1,13 +1,21 @@
-"""An owner loop on a dedicated thread, for code that has no loop of its own."""
+"""An owner loop on a dedicated thread, for code that has no loop of its own.
+
+Invariants: the loop's kind is fixed in the constructor (``use_uvloop=True`` without
+uvloop fails there, naming the fix, before any thread starts); ``run`` and ``arun``
+call their function on the loop, so whatever it creates (tasks, loop-affine objects)
+belongs to that loop; ``arun`` never blocks the calling loop; neither is allowed on
+the loop's own thread, where the call needs no crossing (and ``run`` would deadlock).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 from ._errors import Advice, Fix, fork_advice, gone, refuse
 from ._labels import name_loop
@@ -15,6 +23,7 @@ from ._labels import name_loop
 __all__ = ["LoopThread"]
 
 R = TypeVar("R")
+_T = TypeVar("_T", bound="LoopThread")
 
 
 class LoopThread:
@@ -30,6 +39,11 @@ class LoopThread:
     and its default executor, then closes the loop and joins the thread.  Calls
     still waiting on it through proxies fail with :class:`OwnerLoopClosed`.
 
+    The loop is uvloop when uvloop is installed (``use_uvloop=None``, the default),
+    as ``vllm serve``, SGLang and Ray's async actors choose; ``use_uvloop=True``
+    insists on it (``ImportError`` naming the fix without it), ``use_uvloop=False``
+    keeps asyncio's own loop, and ``loop_factory`` makes any other.
+
     A ``LoopThread`` does not survive ``os.fork()``: its thread exists only in the
     parent.  In a forked child, :meth:`run` and every call to an object it owns
     fail at once with :class:`OwnerLoopClosed`; create one after the fork (see
@@ -41,16 +55,15 @@ class LoopThread:
         name: str = "loopbridge-owner",
         *,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
-        use_uvloop: bool = False,
+        use_uvloop: bool | None = None,
     ) -> None:
-        if use_uvloop and loop_factory is not None:
-            raise ValueError("pass either loop_factory or use_uvloop, not both")
-        if use_uvloop:
-            import uvloop
-
-            loop_factory = uvloop.new_event_loop
+        if use_uvloop is not None and loop_factory is not None:
+            raise ValueError(
+                f"LoopThread {name!r} was given both loop_factory and use_uvloop: pass one "
+                "(loop_factory makes the loop, use_uvloop picks uvloop or asyncio's)"
+            )
         self.name = name
-        self._factory = loop_factory or asyncio.new_event_loop
+        self._factory = loop_factory or event_loop_factory(use_uvloop, f"LoopThread {name!r}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -80,7 +93,7 @@ class LoopThread:
         """The loop's thread (``None`` before :meth:`start`)."""
         return self._thread
 
-    def start(self) -> LoopThread:
+    def start(self: _T) -> _T:
         """Start the thread; return once its loop is running."""
         if self._thread is not None:
             raise RuntimeError(f"{self.name} was already started")
@@ -112,8 +125,9 @@ class LoopThread:
                 asyncio.set_event_loop(None)
                 loop.close()
 
-    def run(self, fn: Callable[..., Awaitable[R]], *args: object) -> R:
-        """Run ``fn(*args)`` on the loop and block until it returns."""
+    def _reachable(self, method: str) -> asyncio.AbstractEventLoop:
+        """The loop, for ``method`` (``run`` or ``arun``) called here; refused if the
+        thread is gone, or if this is the loop's own thread."""
         loop = self.loop
         if self._forked:
             raise gone(fork_advice(f"LoopThread {self.name!r}", None))
@@ -131,18 +145,37 @@ class LoopThread:
         except RuntimeError:
             running = None
         if running is loop:
+            outcome, reason = _ON_OWN_THREAD[method]
             raise refuse(
                 Advice(
-                    f"LoopThread {self.name!r}.run() called on its own thread would deadlock",
+                    f"LoopThread {self.name!r}.{method}() called on its own thread {outcome}",
                     [Fix("owner", "fn(*args)", target="fn", say="await on its own loop")],
-                    "run() blocks its caller until the loop has run fn, and this thread is the loop's.",
+                    reason,
                 )
             )
+        return loop
 
-        async def main() -> R:
-            return await fn(*args)
+    @overload
+    def run(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R: ...
+    @overload
+    def run(self, fn: Callable[..., R], *args: Any) -> R: ...
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call ``fn(*args)`` on the loop (awaited there if it returns an awaitable) and
+        block until it returns; from a loop, use :meth:`arun`."""
+        loop = self._reachable("run")
+        return asyncio.run_coroutine_threadsafe(_call(fn, args), loop).result()
 
-        return asyncio.run_coroutine_threadsafe(main(), loop).result()
+    @overload
+    async def arun(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R: ...
+    @overload
+    async def arun(self, fn: Callable[..., R], *args: Any) -> R: ...
+    async def arun(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`run` from another asyncio loop, which keeps running meanwhile.
+
+        Cancelling the caller cancels ``fn``'s run on the loop.
+        """
+        loop = self._reachable("arun")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_call(fn, args), loop))
 
     def stop(self, timeout: float | None = 10.0) -> None:
         """Stop the loop, clean it up and join the thread (bounded by ``timeout``)."""
@@ -177,11 +210,51 @@ class LoopThread:
         if thread.is_alive():
             raise TimeoutError(f"{self.name} did not stop within {timeout} s")
 
-    def __enter__(self) -> LoopThread:
+    def __enter__(self: _T) -> _T:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: Why ``run`` and ``arun`` are refused on the loop's own thread: (what the call
+#: would do, why).
+_ON_OWN_THREAD = {
+    "run": (
+        "would deadlock",
+        "run() blocks its caller until the loop has run fn, and this thread is the loop's.",
+    ),
+    "arun": ("crosses nothing", "arun() carries fn to the loop, and this is the loop."),
+}
+
+
+async def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def event_loop_factory(
+    use_uvloop: bool | None, who: str = "the loop"
+) -> Callable[[], asyncio.AbstractEventLoop]:
+    """What makes ``who``'s loop: ``None``, uvloop when it is installed, else asyncio's;
+    ``True``, uvloop (:class:`ImportError` naming the fix without it); ``False``,
+    asyncio's."""
+    if use_uvloop is False:
+        return asyncio.new_event_loop
+    try:
+        import uvloop
+    except ImportError as exc:
+        if use_uvloop:
+            raise ImportError(
+                f"{who} was asked to run on uvloop (use_uvloop=True), which is not "
+                "installed: pip install uvloop (loopbridge[uvloop]), or leave use_uvloop "
+                "out (uvloop when installed, else asyncio's loop)"
+            ) from exc
+        return asyncio.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 _started: weakref.WeakSet[LoopThread] = weakref.WeakSet()

@@ -4,7 +4,7 @@
   thread starts, so a busy port fails the caller at once and clients that connect
   early wait in the backlog instead of being refused;
 * :func:`adopt_listener` - a caller's own listening socket, made ready to serve;
-* :func:`loop_factory` - uvloop when asked for and installed, else asyncio;
+* :func:`loop_kind` - which implementation a loop is, for logs and reports;
 * :func:`thread_server_class` - uvicorn's ``Server`` for a non-main thread: it installs
   no signal handlers and reports when it accepts connections;
 * :class:`ExitReason` - why a server stopped by itself.
@@ -20,17 +20,16 @@ import asyncio
 import contextlib
 import enum
 import socket
+import warnings
 from collections.abc import Callable, Generator
 from typing import Any
-
-from .engine_loop import engine_loop_factory
 
 __all__ = [
     "ExitReason",
     "adopt_listener",
     "bind",
     "bind_unix",
-    "loop_factory",
+    "loop_kind",
     "thread_server_class",
 ]
 
@@ -88,11 +87,28 @@ def adopt_listener(sock: socket.socket) -> socket.socket:
     return sock
 
 
+def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
+    """``"uvloop"`` or ``"asyncio"``: which implementation ``loop`` is, for logs and reports."""
+    return "uvloop" if type(loop).__module__.partition(".")[0] == "uvloop" else "asyncio"
+
+
 def loop_factory(use_uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop when asked for and installed (as the engines' own servers run), else asyncio:
-    :func:`~loopbridge_adapters.engine_loop.engine_loop_factory`'s choice, where
-    ``True`` prefers uvloop and never fails."""
-    return engine_loop_factory(None if use_uvloop else False)
+    """Deprecated: ``loopbridge.LoopThread(use_uvloop=None)`` (uvloop when installed) for
+    ``True``, ``use_uvloop=False`` for ``False``; the loop's kind is the loop thread's choice."""
+    warnings.warn(
+        "loopbridge_adapters.http.loop_factory() is deprecated: pass use_uvloop to "
+        "loopbridge.LoopThread (None: uvloop when installed; False: asyncio's loop)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.new_event_loop
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        return factory
+    return asyncio.new_event_loop
 
 
 def thread_server_class() -> type[Any]:

@@ -218,8 +218,8 @@ def listen_on(
 
 def add_loop_options(parser: argparse.ArgumentParser, server_default: str) -> None:
     """``--uvloop``/``--no-uvloop`` (the owner loop: None, True or False, as
-    :func:`~loopbridge_adapters.engine_loop.engine_loop_factory` takes it),
-    ``--no-server-uvloop`` (the HTTP server's own loop), ``--on-engine-loop`` (no such
+    :class:`loopbridge.LoopThread`'s ``use_uvloop`` takes it), ``--no-server-uvloop``
+    (the HTTP server's own loop: None or False, likewise), ``--on-engine-loop`` (no such
     loop: the server on the owner loop; the two exclude each other) and
     ``--switch-interval-ms`` (the interpreter's while serving: :func:`switch_interval`)."""
     parser.add_argument(
@@ -234,6 +234,7 @@ def add_loop_options(parser: argparse.ArgumentParser, server_default: str) -> No
         "--no-server-uvloop",
         dest="server_uvloop",
         action="store_false",
+        default=None,  # LoopThread's own default: uvloop when installed
         help=f"run the HTTP server's loop on asyncio instead of uvloop (default: {server_default})",
     )
     where.add_argument(

@@ -46,14 +46,13 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from loopbridge import LoopThread
 
-from .engine_loop import engine_loop_factory, loop_kind
-from .http import bind, bind_unix
+from .http import bind, bind_unix, loop_kind
 from .serve_cli import UsageError, bind_failure, report_usage_error
 
 __all__ = ["Plan", "ServeCommand", "Serving", "StopSignals", "serve_until_stopped"]
@@ -129,13 +128,16 @@ class StopSignals:
         self.restore()
 
 
-def _owner_loop_factory(opts: argparse.Namespace) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The owner loop's factory from ``--uvloop``/``--no-uvloop``; an explicit ``--uvloop``
-    without uvloop installed is a usage error."""
+def _owner_loop(name: str, opts: argparse.Namespace) -> LoopThread:
+    """The owner loop's thread (not started), its kind from ``--uvloop``/``--no-uvloop``;
+    an explicit ``--uvloop`` without uvloop installed is a usage error."""
     try:
-        return engine_loop_factory(opts.uvloop)
-    except ImportError as exc:
-        raise UsageError(f"--uvloop: {exc}") from None
+        return LoopThread(name, use_uvloop=opts.uvloop)
+    except ImportError:
+        raise UsageError(
+            "--uvloop: uvloop is not installed: pip install uvloop, or leave --uvloop out "
+            "(uvloop when installed) or pass --no-uvloop (asyncio's loop)"
+        ) from None
 
 
 def serve_until_stopped(stop: threading.Event, server: Serving, poll: float = 0.2) -> int:
@@ -246,12 +248,12 @@ class ServeCommand(abc.ABC, Generic[_P]):
     def _run_bound(self, opts: argparse.Namespace, plan: _P, sock: socket.socket) -> int:
         try:
             self.bound(opts, plan, sock)
-            factory = _owner_loop_factory(opts)
+            owner = _owner_loop(self.owner_name, opts)
         except UsageError as exc:
             sock.close()
             return report_usage_error(exc)
         signals = StopSignals(signal.SIGINT, signal.SIGTERM, *self.failure_signals).install()
-        owner = LoopThread(self.owner_name, loop_factory=factory).start()
+        owner.start()
         try:
             return self._serve(opts, plan, sock, owner, signals)
         finally:

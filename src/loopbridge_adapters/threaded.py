@@ -2,14 +2,21 @@
 
 :class:`ThreadedServer` serves an ASGI app with uvicorn on a dedicated thread with a
 fresh event loop (:class:`loopbridge.LoopThread`), on a socket bound before that
-thread starts; or, with ``on_owner_loop``, on the engine's owner loop itself (the
+thread starts; or, with ``on_engine_loop``, on the engine's owner loop itself (the
 stock servers' topology: no request crosses a thread; for an engine that has a loop
-of its own, :class:`loopbridge_adapters.engine_loop.EngineLoop`). Each adapter's
-server subclasses it and adds only what is its engine's: building the app and its
-uvicorn config (:meth:`ThreadedServer._build`), the engine's health
-(:meth:`ThreadedServer._engine_exit`), what to do when the owner loop dies
+of its own, a :class:`loopbridge.LoopThread`). What differs between the two is its
+:class:`~loopbridge_adapters.topology.Topology`'s, picked once when the server is
+made. Each adapter's server subclasses it and adds only what is its engine's:
+building the app and its uvicorn config (:meth:`ThreadedServer._build`), the engine's
+health (:meth:`ThreadedServer._engine_exit`), what to do when the owner loop dies
 (:meth:`ThreadedServer._owner_stopped`) and anything that lives as long as the
 serving does (:meth:`ThreadedServer._serving`).
+
+A server's life is one :class:`ServerState` (``NEW``, ``STARTING``, ``SERVING``,
+``STOPPING``, ``STOPPED``), changed only by :meth:`ThreadedServer._advance`, which
+takes one event (launch, built, started, exit, ended) and makes its change under the
+server's lock; a start is refused by the state it finds (:data:`START_REFUSED`), and
+:attr:`~ThreadedServer.running` is ``SERVING`` while uvicorn has not been told to exit.
 
 Invariants:
 
@@ -18,7 +25,8 @@ Invariants:
   a round trip. A start that fails or times out stops the thread (bounded) and
   raises :class:`ServerStartError`; :meth:`~ThreadedServer.start` on the owner loop
   is refused (:class:`~loopbridge.LoopAffinityError` pointing to ``astart()``): it
-  would wait for the loop it blocks.
+  would wait for the loop it blocks. A server serves once: a second start, or one
+  after a stop, is refused naming its state.
 * **Bounded, ordered stop.** :meth:`~ThreadedServer.stop` stops accepting, lets
   requests drain for at most ``grace`` seconds (uvicorn then cancels them, and serving
   ends only once each cancelled handler has ended: its engine request aborted), joins
@@ -50,16 +58,19 @@ Invariants:
   stops: :mod:`loopbridge_adapters.switch_interval`.
 * **The socket is closed on every path** that ends the server: a stop (before start
   too), a failed or timed-out start, a start the adapter refuses (:meth:`_claim`). A
-  start refused on the owner loop keeps it: ``astart()`` may follow.
-* **On the owner loop** (``on_owner_loop=True``) the lifecycle is the same, with the
+  start refused on the owner loop keeps it: ``astart()`` may follow; so does a start
+  refused because the server already started.
+* **On the owner loop** (``on_engine_loop=True``) the lifecycle is the same, with the
   owner's loop and thread for the server's: :attr:`~ThreadedServer.thread` is the
   owner's thread once serving, a stop waits for serving to end (not for a thread)
   and leaves the owner loop running, and the watchdog checks only the engine (it
   runs on the owner loop, so it cannot see that loop stop). A start needs that loop
-  running (:class:`ServerStartError` otherwise); a stop after it closed only closes
-  the socket.
+  running (:class:`ServerStartError` otherwise; one it does not answer within the
+  start timeout is a start that timed out); a stop after it closed only closes the
+  socket.
 
-Built on the core's public API only; imports no engine and no adapter.
+Built on the core's public API only; imports no engine and no adapter; reaches the
+owner loop through loopbridge's crossing (:mod:`loopbridge_adapters.on_loop`).
 """
 
 from __future__ import annotations
@@ -67,22 +78,31 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import enum
 import errno
 import logging
 import socket
 import threading
 from typing import Any, ClassVar, TypeVar
 
-from loopbridge import LoopAffinityError, LoopThread
+from loopbridge import LoopAffinityError
 
-from .http import ExitReason, adopt_listener, bind, loop_factory, thread_server_class
+from .http import ExitReason, adopt_listener, bind, thread_server_class
 from .switch_interval import (
     DEFAULT_SWITCH_INTERVAL_S,
     check_switch_interval,
     serving_switch_interval,
 )
+from .topology import OnEngineLoop, OwnThread, Topology
 
-__all__ = ["OWNER_STOPPED_TICKS", "ServerStartError", "ThreadedServer", "listen_failure"]
+__all__ = [
+    "OWNER_STOPPED_TICKS",
+    "START_REFUSED",
+    "ServerStartError",
+    "ServerState",
+    "ThreadedServer",
+    "listen_failure",
+]
 
 # The owner loop must be seen stopped on this many watchdog checks in a row: a loop
 # driven by repeated run_until_complete() calls is briefly not running.
@@ -93,6 +113,57 @@ _S = TypeVar("_S", bound="ThreadedServer")
 
 class ServerStartError(RuntimeError):
     """The server failed before it accepted connections (each adapter exports it)."""
+
+
+class ServerState(enum.Enum):
+    """Where a server is in its life (:meth:`ThreadedServer._advance` moves it)."""
+
+    #: Made: the socket is bound (or adopted); nothing runs yet.
+    NEW = "new"
+    #: Launched: the app is being built (after the owner loop's answer) and uvicorn
+    #: started; :meth:`ThreadedServer.start` waits.
+    STARTING = "starting"
+    #: uvicorn accepts connections.
+    SERVING = "serving"
+    #: Told to exit (a stop, the watchdog, a start that failed or timed out): uvicorn
+    #: drains, or the build finishes and serves nothing.
+    STOPPING = "stopping"
+    #: Serving has ended, or never began (a stop before start); the server is done.
+    STOPPED = "stopped"
+
+
+class _Event(enum.Enum):
+    """What happens to a server: the input of :meth:`ThreadedServer._advance`."""
+
+    LAUNCH = "launch"  # start() or astart() begins
+    BUILT = "built"  # the app and its uvicorn server are made, on the serving loop
+    STARTED = "started"  # uvicorn accepts connections
+    EXIT = "exit"  # a stop, the watchdog or a failed start tells the server to exit
+    ENDED = "ended"  # serving has ended, whichever way (or a launch failed)
+
+
+#: (event, the state it finds) -> the state it leaves; a pair not here changes nothing.
+_NEXT: dict[tuple[_Event, ServerState], ServerState] = {
+    (_Event.LAUNCH, ServerState.NEW): ServerState.STARTING,
+    (_Event.STARTED, ServerState.STARTING): ServerState.SERVING,
+    (_Event.EXIT, ServerState.NEW): ServerState.STOPPED,
+    (_Event.EXIT, ServerState.STARTING): ServerState.STOPPING,
+    (_Event.EXIT, ServerState.SERVING): ServerState.STOPPING,
+    (_Event.ENDED, ServerState.STARTING): ServerState.STOPPED,
+    (_Event.ENDED, ServerState.SERVING): ServerState.STOPPED,
+    (_Event.ENDED, ServerState.STOPPING): ServerState.STOPPED,
+}
+
+#: Why a start is refused, by the state it finds (a NEW server starts).
+START_REFUSED: dict[ServerState, str] = {
+    ServerState.STARTING: "the server at {url} is already starting: wait for that start",
+    ServerState.SERVING: "the server at {url} already serves: a server starts once",
+    ServerState.STOPPING: "the server at {url} is stopping: a server starts once; make a new one",
+    ServerState.STOPPED: "the server at {url} has stopped: a server starts once; make a new one",
+}
+
+#: The topology that each ``on_engine_loop`` picks.
+_TOPOLOGY: dict[bool, type[OwnThread | OnEngineLoop]] = {False: OwnThread, True: OnEngineLoop}
 
 
 def listen_failure(host: str, port: int, exc: OSError) -> str:
@@ -210,17 +281,11 @@ class ThreadedServer(abc.ABC):
         name: str,
         use_uvloop: bool | None = None,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
-        on_owner_loop: bool = False,
+        on_engine_loop: bool = False,
     ) -> None:
-        if on_owner_loop and use_uvloop is not None:
-            raise ValueError(
-                f"use_uvloop={use_uvloop!r} picks the loop of the server's own thread; a "
-                "server on the engine's loop runs on that loop, whichever kind it is: leave "
-                "use_uvloop out"
-            )
         self._switch_interval = check_switch_interval(switch_interval)
-        #: Serve on the engine's owner loop instead of a thread of its own.
-        self.on_owner_loop = on_owner_loop
+        # Where it serves; refuses what that place cannot honour before a socket exists.
+        self._topology: Topology = _TOPOLOGY[on_engine_loop](name, use_uvloop)
         self._sock = self._bound(host, port) if sock is None else adopt_listener(sock)
         bound = self._sock.getsockname()
         if self._sock.family == socket.AF_UNIX:
@@ -232,20 +297,18 @@ class ThreadedServer(abc.ABC):
             self.url = f"{self._scheme()}://{shown}:{self.port}"
         self.grace = grace
         self._watchdog_interval = watchdog_interval
+        #: The loop it serves on, once launched: its own thread's, or the owner's.
         self.loop: asyncio.AbstractEventLoop | None = None
         self.exit_reason: ExitReason | None = None
-        self._server: Any = None
-        self._error: BaseException | None = None
-        self._ready = threading.Event()
-        # Serving has ended (set on the serving loop, whichever it is).
-        self._finished = threading.Event()
-        self._serving_thread: threading.Thread | None = None  # on the owner loop
-        self._stopped = False
+        self._state = ServerState.NEW  # guarded by _lock; changed by _advance only
         self._lock = threading.Lock()
-        # The same loop thread as an owner loop's: start, clean-up sweep, close.
-        self._loop_thread = LoopThread(name, loop_factory=loop_factory(use_uvloop is not False))
-        # What `thread` is before start(): a thread that never runs.
-        self._not_started = threading.Thread(name=f"{name} (not started)")
+        self._server: Any = None  # uvicorn's, once built while STARTING
+        self._serving_task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        # What waits can block on; _advance sets them as the state moves. Ready: start()
+        # may return (SERVING, or STOPPED). Ended: STOPPED.
+        self._ready = threading.Event()
+        self._ended = threading.Event()
 
     def _bound(self, host: str, port: int) -> socket.socket:
         """:meth:`_listen`, its failure a :class:`ServerStartError` naming the address."""
@@ -297,8 +360,41 @@ class ThreadedServer(abc.ABC):
     def _new_server(self, config: Any) -> Any:
         """uvicorn's server for ``config``, reporting readiness to :meth:`start`."""
         server = thread_server_class()(config)
-        server.on_started = self._ready.set
+        server.on_started = self._on_started
         return server
+
+    # -- the state --------------------------------------------------------------------
+    @property
+    def state(self) -> ServerState:
+        """Where the server is in its life."""
+        return self._state
+
+    @property
+    def on_engine_loop(self) -> bool:
+        """Whether it serves on the engine's owner loop (else on a thread of its own)."""
+        return self._topology.on_engine_loop
+
+    def _advance(self, event: _Event, server: Any = None) -> ServerState:
+        """Make ``event``'s change (every change of state is made here); return the
+        state it found, from which the caller does the work the change implies."""
+        with self._lock:
+            found = self._state
+            self._state = state = _NEXT.get((event, found), found)
+            if event is _Event.BUILT and found is ServerState.STARTING:
+                self._server = server  # it serves: an exit from now on tells uvicorn
+            if event is _Event.EXIT and self._server is not None:
+                self._server.should_exit = True
+            if state is ServerState.SERVING or state is ServerState.STOPPED:
+                self._ready.set()
+            if state is ServerState.STOPPED:
+                self._ended.set()
+            return found
+
+    def _on_started(self) -> None:
+        self._advance(_Event.STARTED)
+
+    def _signal_exit(self) -> None:
+        self._advance(_Event.EXIT)
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self: _S, timeout: float = 60.0) -> _S:
@@ -306,7 +402,7 @@ class ThreadedServer(abc.ABC):
 
         Start-up needs the engine's owner loop, so on that loop use ``await astart()``.
         """
-        if self._on_owner_loop():
+        if self._called_on_owner_loop():
             raise LoopAffinityError(self._start_on_owner)
         return self._started(self._launch(timeout), timeout)
 
@@ -315,21 +411,31 @@ class ThreadedServer(abc.ABC):
         return self._started(await asyncio.to_thread(self._launch, timeout), timeout)
 
     def _launch(self, timeout: float) -> bool:
+        """Launch serving; whether it started within ``timeout``."""
+        found = self._advance(_Event.LAUNCH)
+        if found is not ServerState.NEW:
+            raise self._start_error(START_REFUSED[found].format(url=self.url))
         try:
             self._claim()
+            self.loop = self._topology.launch(self._running_owner, self._begin, timeout)
+        except TimeoutError:  # the owner loop did not run the launch: nothing began
+            self._never_served()
+            raise self._start_error(f"server did not start within {timeout} s") from None
         except BaseException:
-            self._sock.close()
+            self._never_served()
             raise
-        if self.on_owner_loop:
-            self.loop = self._running_owner()
-        else:
-            self._loop_thread.start()
-            self.loop = self._loop_thread.loop
-        asyncio.run_coroutine_threadsafe(self._serve_until_exit(), self.loop)
         return self._ready.wait(timeout)
 
+    def _never_served(self) -> None:
+        self._advance(_Event.ENDED)
+        self._sock.close()
+
+    def _begin(self) -> None:
+        """On the serving loop: serving starts there, as a task of that loop."""
+        self._serving_task = asyncio.get_running_loop().create_task(self._serve_until_exit())
+
     def _running_owner(self) -> asyncio.AbstractEventLoop:
-        """The owner loop to serve on; the socket is closed if there is none."""
+        """The owner loop to serve on, or the start error naming why there is none."""
         owner = self._owner()
         if owner is None:
             why = "the engine's owner loop is not known (the engine is not loop-affine)"
@@ -339,11 +445,10 @@ class ThreadedServer(abc.ABC):
             why = "the engine's owner loop is not running"
         else:
             return owner
-        self._sock.close()
         raise self._start_error(
             f"cannot serve on the engine's owner loop: {why}; start the engine on a "
-            "running loop of its own (EngineLoop), or serve from a thread of its own "
-            "(the default)"
+            "running loop of its own (loopbridge.LoopThread), or serve from a thread of "
+            "its own (the default)"
         )
 
     def _started(self: _S, ready: bool, timeout: float) -> _S:
@@ -371,16 +476,12 @@ class ThreadedServer(abc.ABC):
         """Wait until serving has ended, by a stop or by itself (the watchdog), and on a
         thread of its own until that thread has ended too; True if it has (also before
         a start)."""
-        owner = self.loop
-        if owner is None:  # never launched
+        loop = self.loop
+        if loop is None:  # never launched
             return True
-        if self.on_owner_loop:
-            # A closed owner loop dropped (or cancelled) the serving task: nothing to wait for.
-            return self._finished.wait(timeout) or owner.is_closed()
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
+        return self._topology.wait_ended(self._ended, loop, timeout)
 
-    def _on_owner_loop(self) -> bool:
+    def _called_on_owner_loop(self) -> bool:
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -389,22 +490,20 @@ class ThreadedServer(abc.ABC):
 
     @property
     def running(self) -> bool:
-        """True while the server thread serves requests."""
+        """True while the server serves requests."""
+        server = self._server
         return (
-            not self._finished.is_set()
+            self._state is ServerState.SERVING
+            and server is not None
+            and not server.should_exit  # the app's own handlers may tell it to exit
             and self.thread.is_alive()
-            and self._server is not None
-            and bool(self._server.started)
-            and not self._server.should_exit
         )
 
     @property
     def thread(self) -> threading.Thread:
         """The server's thread (a thread that never runs, before :meth:`start`); on the
         owner loop, the owner's thread once serving has begun."""
-        if self.on_owner_loop:
-            return self._serving_thread or self._not_started
-        return self._loop_thread.thread or self._not_started
+        return self._topology.thread
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the server: drain for ``grace`` s, then join the thread (bounded).
@@ -422,8 +521,8 @@ class ThreadedServer(abc.ABC):
             self._signal_exit()
             self._sock.close()
             return False
-        if not self._finished.is_set():  # once serving has ended, any thread may stop
-            if self._on_owner_loop():
+        if self._state is not ServerState.STOPPED:  # once ended, any thread may stop
+            if self._called_on_owner_loop():
                 raise LoopAffinityError(self._stop_on_owner)
             if threading.current_thread() is self.thread:
                 raise RuntimeError("stop() called from the server's own thread")
@@ -436,15 +535,16 @@ class ThreadedServer(abc.ABC):
             finished = self.wait_stopped(5.0)
         self._sock.close()
         if not finished:
-            where = "on the engine's owner loop" if self.on_owner_loop else "thread"
-            raise TimeoutError(f"server {where} {self.thread.name} did not stop")
+            raise TimeoutError(f"server {self._topology.where} {self.thread.name} did not stop")
         return True
 
     def _wake_loop(self) -> None:
         loop = self.loop
         if loop is not None:
-            with contextlib.suppress(RuntimeError):  # closed meanwhile
-                loop.call_soon_threadsafe(lambda: None)
+            # A wake-up of the loop this server runs on, not a call onto it: nothing
+            # crosses, and a loop that closed meanwhile needs none.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_nothing)
 
     async def aclose(self, timeout: float | None = None) -> None:
         """:meth:`stop` for async callers (the owner loop stays free meanwhile)."""
@@ -456,17 +556,8 @@ class ThreadedServer(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- the server thread ------------------------------------------------------------
-    def _signal_exit(self) -> None:
-        with self._lock:
-            self._stopped = True
-            if self._server is not None:
-                self._server.should_exit = True
-
+    # -- the serving loop -------------------------------------------------------------
     async def _serve_until_exit(self) -> None:
-        # Serving ends the loop thread: the loop stops, and LoopThread sweeps the
-        # remaining tasks and closes it. The owner loop keeps running.
-        self._serving_thread = threading.current_thread()
         try:
             await self._main()
         except asyncio.CancelledError as exc:  # the owner loop's clean-up sweep
@@ -478,17 +569,13 @@ class ThreadedServer(abc.ABC):
                 self._logger.exception("%s thread failed", self._kind)
         finally:
             self._release()
-            self._finished.set()
-            self._ready.set()
-            if not self.on_owner_loop:
-                asyncio.get_running_loop().stop()
+            self._advance(_Event.ENDED)
+            self._topology.after_serving(asyncio.get_running_loop())
 
     async def _main(self) -> None:
         server = await self._build()
-        with self._lock:
-            if self._stopped:
-                return
-            self._server = server
+        if self._advance(_Event.BUILT, server) is not ServerState.STARTING:
+            return  # told to exit while it was built: serve nothing
         interval = serving_switch_interval(self._switch_interval, self._logger, self._kind)
         with self._serving(server), interval, _cut_requests_in_one_line():
             serving = asyncio.create_task(server.serve(sockets=[self._sock]))
@@ -502,8 +589,7 @@ class ThreadedServer(abc.ABC):
                 await _handlers_ended(server)
 
     async def _watchdog(self, server: Any) -> None:
-        # On the owner loop the watchdog cannot see that loop stop: it runs there.
-        owner = None if self.on_owner_loop else self._owner()
+        owner = self._topology.watched(self._owner())
         stopped_ticks = 0
         while True:
             await asyncio.sleep(self._watchdog_interval)
@@ -515,17 +601,21 @@ class ThreadedServer(abc.ABC):
             else:
                 stopped_ticks = 0
             if stopped_ticks >= OWNER_STOPPED_TICKS:
-                self._exit_by_itself(server, ExitReason.OWNER_LOOP_STOPPED)
+                self._exit_by_itself(ExitReason.OWNER_LOOP_STOPPED)
                 self._owner_stopped(owner)
                 return
             reason = self._engine_exit()
             if reason is not None:
-                self._exit_by_itself(server, reason)
+                self._exit_by_itself(reason)
                 return
 
-    def _exit_by_itself(self, server: Any, reason: ExitReason) -> None:
+    def _exit_by_itself(self, reason: ExitReason) -> None:
         self.exit_reason = reason
         # A shutdown that was asked for is no failure.
         level = logging.WARNING if reason is ExitReason.ENGINE_SHUT_DOWN else logging.ERROR
         self._logger.log(level, "%s; stopping the %s at %s", reason.value, self._kind, self.url)
-        server.should_exit = True
+        self._signal_exit()
+
+
+def _nothing() -> None:
+    return None

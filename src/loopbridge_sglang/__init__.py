@@ -13,6 +13,8 @@ Importing this package does not import SGLang.
 
 from __future__ import annotations
 
+from loopbridge_adapters.public_names import publish as _publish
+
 from .manager import (
     OwnerSideRequest,
     UnclassifiedMemberError,
@@ -36,3 +38,4 @@ __all__ = [
     "start_sglang_server",
     "tokenizer_manager_proxy",
 ]
+_publish(__name__, globals())

@@ -43,6 +43,7 @@ from loopbridge import LoopAffinityError, owner_loop, unwrap
 from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loopbridge_adapters.exporter import MetricsFirst, export_metrics, metrics_app, monitor_owner
 from loopbridge_adapters.http import ExitReason
+from loopbridge_adapters.on_loop import arun_on
 from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 
@@ -201,7 +202,7 @@ class SGLangServer(ThreadedServer):
             name=name,
             use_uvloop=use_uvloop,
             switch_interval=switch_interval,
-            on_owner_loop=on_engine_loop,
+            on_engine_loop=on_engine_loop,
         )
 
     # -- the engine's part of the server thread -----------------------------------------
@@ -229,9 +230,7 @@ class SGLangServer(ThreadedServer):
         manager = self.manager
         owner = self._health.owner
         # The owner loop must answer before anything is served.
-        owner_thread = await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(_mark_up(unwrap(manager), self._health), owner)
-        )
+        owner_thread = await arun_on(owner, _mark_up, unwrap(manager), self._health)
         if not self._health.healthy():
             raise ServerStartError("the manager is not healthy")
         from sglang.srt.entrypoints import http_server

@@ -13,6 +13,8 @@ Importing this package does not import vLLM.
 
 from __future__ import annotations
 
+from loopbridge_adapters.public_names import publish as _publish
+
 from .engine import (
     EngineShutDown,
     OffLoopCall,
@@ -50,7 +52,4 @@ __all__ = [
     "shutdown_engine",
     "start_openai_server",
 ]
-# Each name reports loopbridge_vllm.X (the classes loopbridge_adapters shares keep theirs).
-for _name in __all__:
-    if globals()[_name].__module__.startswith(f"{__name__}."):
-        globals()[_name].__module__ = __name__
+_publish(__name__, globals())

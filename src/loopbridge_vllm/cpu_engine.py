@@ -73,6 +73,8 @@ def __getattr__(name: str) -> Any:
     if name == "StandInExecutor":
         from loopbridge_vllm._standin import StandInExecutor
 
+        # Published here, where __all__ lists it (and where STANDIN_BACKEND names it).
+        StandInExecutor.__module__ = __name__
         return StandInExecutor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -29,17 +29,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import inspect
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loopbridge import LoopAffinityError, owner_loop, unwrap
 from loopbridge_adapters.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from loopbridge_adapters.exporter import export_metrics
-from loopbridge_adapters.http import ExitReason, bind, bind_unix, loop_factory
+from loopbridge_adapters.http import ExitReason, bind_unix
+from loopbridge_adapters.on_loop import arun_on
 from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
 from loopbridge_vllm._vllm_releases.moved_imports import make_arg_parser, openai_app_builders
@@ -175,11 +178,6 @@ def check_serve_args(client: EngineClient, args: argparse.Namespace) -> None:
         )
 
 
-# The shared pieces, under the names this module's callers use.
-_bind = bind
-_bind_unix = bind_unix
-
-
 def _uses_tls(args: argparse.Namespace) -> bool:
     # vLLM's launcher announces https exactly when both files are given.
     return bool(getattr(args, "ssl_keyfile", None) and getattr(args, "ssl_certfile", None))
@@ -238,9 +236,6 @@ def _uvicorn_config(app: Any, args: argparse.Namespace, log_level: str, grace: f
     config.h11_max_header_count = args.h11_max_header_count
     config.load()  # builds the SSL context the certificate refresher reloads
     return config
-
-
-_loop_factory = loop_factory
 
 
 class OpenAIServer(ThreadedServer):
@@ -311,15 +306,12 @@ class OpenAIServer(ThreadedServer):
             name=name,
             use_uvloop=use_uvloop,
             switch_interval=switch_interval,
-            on_owner_loop=on_engine_loop,
+            on_engine_loop=on_engine_loop,
         )
 
     def _release(self) -> None:
         if self.pause_watch is not None:
             self.pause_watch.close()  # the engine's pause members as they were
-
-    def _listen(self, host: str, port: int) -> socket.socket:
-        return _bind(host, port)  # the module's name: tests replace it
 
     def _scheme(self) -> str:
         return "https" if _uses_tls(self.args) else "http"
@@ -425,9 +417,7 @@ class OpenAIServer(ThreadedServer):
         if owner is None:
             return
         # The label names the engine: its model and the thread that owns it.
-        thread = await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(_current_thread_name(), owner)
-        )
+        thread = await arun_on(owner, _current_thread_name)
         names = self.client.model_config.served_model_name
         model = names if isinstance(names, str) else (names or [self.client.model_config.model])[0]
         export_metrics(owner, f"{model} on {thread}")
@@ -453,6 +443,9 @@ class OpenAIServer(ThreadedServer):
         if owner is None or owner.is_closed():
             return
         engine = unwrap(self.client)
+        # Queued on the loop, not a call through loopbridge's crossing: nobody waits for
+        # it (this server's loop ends now), and a crossing whose caller has gone is
+        # taken back before it starts; the abort must run whenever that loop runs again.
         with contextlib.suppress(RuntimeError):  # closed meanwhile: see above
             owner.call_soon_threadsafe(_start_abort_all, engine)
 
@@ -465,7 +458,7 @@ def _owner_of(client: Any) -> asyncio.AbstractEventLoop | None:
         return None
 
 
-async def _current_thread_name() -> str:
+def _current_thread_name() -> str:
     return threading.current_thread().name
 
 
@@ -485,6 +478,58 @@ _background: set[asyncio.Task[None]] = set()
 def _keep_alive_on_engine_death() -> bool:
     # vLLM's own switch, read on every check as vLLM does.
     return os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") not in ("", "0")
+
+
+@dataclasses.dataclass(frozen=True)
+class _StartOptions:
+    """The keyword parameters of :func:`start_openai_server` and
+    :func:`astart_openai_server`, defined once.
+
+    Both entry points spell them out, so that users and type checkers see each one;
+    tests/vllm/test_server_options.py checks that both take exactly these fields, in
+    this order, with these defaults and annotations, and that :class:`OpenAIServer`
+    gives the ones it shares the same defaults. Each entry point hands them over as one
+    object (:meth:`of`).
+    """
+
+    host: str | None = None
+    port: int | None = None
+    serve_argv: Sequence[str] = ()
+    args: argparse.Namespace | None = None
+    grace: float = 5.0
+    shutdown_engine: bool = False
+    log_level: str = "warning"
+    start_timeout: float = 120.0
+    use_uvloop: bool | None = None
+    metrics: bool = True
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
+    sock: socket.socket | None = None
+    routers: Sequence[APIRouter] = ()
+    middleware: Sequence[Middleware] = ()
+    weight_version_tags: bool = False
+    paused_admission: str | PausePolicy = PausePolicy.ENGINE
+    paused_hold_s: float = 60.0
+    switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S
+    on_engine_loop: bool = False
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any]) -> _StartOptions:
+        """The options from an entry point's parameters (its ``locals()``, by name)."""
+        return cls(**{field.name: given[field.name] for field in dataclasses.fields(cls)})
+
+    def for_server(self) -> dict[str, Any]:
+        """The options :class:`OpenAIServer` takes as they are (the address, the
+        namespace and the engine to shut down are :func:`_prepare`'s to settle)."""
+        return {name: getattr(self, name) for name in _SERVER_AS_GIVEN}
+
+
+#: The fields of _StartOptions that OpenAIServer takes unchanged.
+_SERVER_AS_GIVEN = tuple(
+    field.name
+    for field in dataclasses.fields(_StartOptions)
+    if field.name in inspect.signature(OpenAIServer).parameters
+    and field.name not in ("host", "port", "sock", "args")
+)
 
 
 def start_openai_server(
@@ -523,10 +568,12 @@ def start_openai_server(
     namespace. With ``shutdown_engine=True``, :meth:`OpenAIServer.stop` shuts
     the engine down after the server has stopped. The server's loop is uvloop
     when it is installed, as with ``vllm serve``; ``use_uvloop=False`` runs it
-    on asyncio's own loop. ``sock`` serves an already bound, listening TCP
-    socket instead of binding ``host:port``. ``on_engine_loop=True`` serves on the
-    engine's owner loop, ``vllm serve``'s topology, for an engine on a loop that
-    runs nothing else (``EngineLoop``; see docs/vllm.md); ``use_uvloop`` is refused.
+    on asyncio's own loop, ``use_uvloop=True`` insists on uvloop (as
+    :class:`loopbridge.LoopThread` takes it). ``sock`` serves an already bound,
+    listening TCP socket instead of binding ``host:port``. ``on_engine_loop=True``
+    serves on the engine's owner loop, ``vllm serve``'s topology, for an engine on a
+    loop that runs nothing else (a ``loopbridge.LoopThread``; see docs/vllm.md);
+    ``use_uvloop`` is refused.
 
     With ``metrics=True`` (and ``prometheus_client`` installed, as it is with
     vLLM), loopbridge's series are exported on the app's ``/metrics`` next to
@@ -563,9 +610,8 @@ def start_openai_server(
     GIL that the process's other Python work holds. ``None`` leaves it alone.
     See :mod:`loopbridge_adapters.switch_interval`.
     """
-    settings = dict(locals())  # every parameter above, by name
-    timeout = settings.pop("start_timeout")
-    return _prepare(**settings).start(timeout)
+    options = _StartOptions.of(locals())
+    return _prepare(engine, options, proxy_options).start(options.start_timeout)
 
 
 async def astart_openai_server(
@@ -597,22 +643,13 @@ async def astart_openai_server(
     A Ray async actor that owns the engine calls this from one of its async
     methods: the actor's loop keeps serving the engine while the server starts.
     """
-    settings = dict(locals())  # every parameter above, by name
-    timeout = settings.pop("start_timeout")
-    return await _prepare(**settings).astart(timeout)
+    options = _StartOptions.of(locals())
+    return await _prepare(engine, options, proxy_options).astart(options.start_timeout)
 
 
-def _prepare(
-    engine: Any,
-    serve_argv: Sequence[str],
-    args: argparse.Namespace | None,
-    shutdown_engine: bool,
-    proxy_options: dict[str, Any],
-    host: str | None,
-    port: int | None,
-    sock: socket.socket | None,
-    **server_options: Any,
-) -> OpenAIServer:
+def _prepare(engine: Any, options: _StartOptions, proxy_options: dict[str, Any]) -> OpenAIServer:
+    """The server an entry point starts: the client, the namespace checked against the
+    engine, the address."""
     from loopbridge_vllm.engine import engine_client_proxy, is_engine_client_proxy
 
     client = (
@@ -628,11 +665,12 @@ def _prepare(
         raise ServerStartError("the engine is not healthy") from client.dead_error
     if owner.is_closed():
         raise ServerStartError("the engine's owner loop is closed")
+    host, port, sock, args = options.host, options.port, options.sock, options.args
     listen = Listen(host, port, sock is not None)
     if args is None:
-        args = serve_args(client, serve_argv)
-        given = _given(serve_argv)
-    elif serve_argv:
+        args = serve_args(client, options.serve_argv)
+        given = _given(options.serve_argv)
+    elif options.serve_argv:
         raise ServeOptionError(
             "serve_argv and args= both give the vllm serve options; give one (args= "
             "replaces the whole namespace)"
@@ -648,18 +686,18 @@ def _prepare(
         raise ServeArgsMismatch("serve_argv contradicts the engine it serves: " + "; ".join(wrong))
     import_parser_plugins(args)
     if "uds" in given:
-        sock = _bind_unix(args.uds)
+        sock = bind_unix(args.uds)
     else:
         host = args.host if "host" in given else host
         port = args.port if "port" in given else port
     return OpenAIServer(
         client,
         args=args,
-        engine=client if shutdown_engine else None,
+        engine=client if options.shutdown_engine else None,
         host="127.0.0.1" if host is None else host,
         port=0 if port is None else port,
         sock=sock,
-        **server_options,
+        **options.for_server(),
     )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from adapters.listeners import protocol_zero_bind
-from loopbridge_adapters.http import adopt_listener, bind, bind_unix, loop_factory
+from loopbridge_adapters.http import adopt_listener, bind, bind_unix, loop_factory, loop_kind
 
 
 async def _accepted_nodelay(bind: Callable[[str, int], socket.socket]) -> int:
@@ -49,11 +49,9 @@ async def _accepted_nodelay(bind: Callable[[str, int], socket.socket]) -> int:
 @pytest.mark.parametrize("use_uvloop", [False, True], ids=["asyncio", "uvloop"])
 def test_accepted_connections_have_tcp_nodelay(use_uvloop: bool) -> None:
     if use_uvloop:
-        pytest.importorskip("uvloop")
-    loop = loop_factory(use_uvloop)()
+        uvloop = pytest.importorskip("uvloop")
+    loop = uvloop.new_event_loop() if use_uvloop else asyncio.new_event_loop()
     try:
-        if use_uvloop:
-            assert type(loop).__module__.startswith("uvloop")
         assert loop.run_until_complete(_accepted_nodelay(bind)) != 0
     finally:
         loop.close()
@@ -119,9 +117,26 @@ def test_a_unix_listener_listens_and_a_bad_path_leaks_no_socket(tmp_path: Path) 
         bind_unix(str(tmp_path / "no-such-folder" / "s.sock"))
 
 
-def test_the_loop_factory_is_asyncio_unless_uvloop_is_asked_for() -> None:
-    assert loop_factory(False) is asyncio.new_event_loop
-    loop = loop_factory(True)()
+def test_loop_kind_names_the_implementation() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop_kind(loop) == "asyncio"
+    finally:
+        loop.close()
+    uvloop = pytest.importorskip("uvloop")
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop_kind(loop) == "uvloop"
+    finally:
+        loop.close()
+
+
+def test_the_deprecated_loop_factory_warns_and_keeps_its_choice() -> None:
+    """True: uvloop when installed, never an error; False: asyncio's (as it always did)."""
+    with pytest.warns(DeprecationWarning, match="pass use_uvloop to loopbridge.LoopThread"):
+        assert loop_factory(False) is asyncio.new_event_loop
+    with pytest.warns(DeprecationWarning):
+        loop = loop_factory(True)()
     try:
         try:
             import uvloop

@@ -249,8 +249,8 @@ def test_loop_options_and_the_switch_interval(capsys: pytest.CaptureFixture[str]
     parser = argparse.ArgumentParser(prog="serve")
     add_loop_options(parser, "uvloop")
     opts = parser.parse_args([])
-    # The owner loop: None is uvloop when installed (engine_loop_factory).
-    assert (opts.uvloop, opts.server_uvloop, switch_interval(opts)) == (None, True, 0.001)
+    # Both loops: None is uvloop when installed (LoopThread's use_uvloop).
+    assert (opts.uvloop, opts.server_uvloop, switch_interval(opts)) == (None, None, 0.001)
     assert parser.parse_args(["--uvloop"]).uvloop is True
     assert parser.parse_args(["--no-uvloop"]).uvloop is False
     opts = parser.parse_args(["--no-server-uvloop", "--switch-interval-ms", "0.5"])
@@ -269,7 +269,7 @@ def test_on_engine_loop_as_the_servers_keyword_arguments(
     parser = argparse.ArgumentParser(prog="serve")
     add_loop_options(parser, "uvloop")
     assert server_loop_options(parser.parse_args([])) == {
-        "use_uvloop": True,
+        "use_uvloop": None,
         "on_engine_loop": False,
         "switch_interval": 0.001,
     }

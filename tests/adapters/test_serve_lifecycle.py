@@ -220,8 +220,8 @@ def test_uvloop_asked_for_but_missing_is_a_usage_error(
     assert command.steps[-1] == "bound" and "build" not in command.steps  # no owner loop
     assert command.sock is not None and command.sock.fileno() == -1  # the socket closed
     err = capsys.readouterr().err
-    assert err.startswith("error: --uvloop: uvloop was asked for the engine's loop but is not ")
-    assert "pip install uvloop, or choose asyncio's loop" in err
+    assert err.startswith("error: --uvloop: uvloop is not installed: pip install uvloop, ")
+    assert "or pass --no-uvloop (asyncio's loop)" in err
 
 
 def test_a_server_that_stops_by_itself_is_status_1(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,7 +3,7 @@
 A tiny ASGI app and an owner loop on a LoopThread stand in for an engine; both real
 servers (vLLM's and SGLang's) run the same lifecycle in their own suites. It needs
 uvicorn, which the recipes group installs in every core lane. The lifecycle tests
-run twice: on a thread of the server's own, and on the owner loop (``on_owner_loop``).
+run twice: on a thread of the server's own, and on the owner loop (``on_engine_loop``).
 
 Every wait is on an event the code under test sets, except the start timeout, which
 is the thing under test.
@@ -23,7 +23,7 @@ import pytest
 from loopbridge import LoopAffinityError, LoopThread
 from loopbridge_adapters.http import ExitReason, bind
 from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
-from loopbridge_adapters.threaded import ServerStartError, ThreadedServer
+from loopbridge_adapters.threaded import ServerStartError, ServerState, ThreadedServer
 
 pytest.importorskip("uvicorn", reason="the recipes group is not installed")
 httpx = pytest.importorskip("httpx", reason="the test group is not installed")
@@ -80,7 +80,7 @@ class _Server(ThreadedServer):
         *,
         grace: float = BOUND_S,
         switch_interval: float | None = DEFAULT_SWITCH_INTERVAL_S,
-        on_owner_loop: bool = False,
+        on_engine_loop: bool = False,
     ) -> None:
         self.owner_loop: asyncio.AbstractEventLoop | None = owner.loop
         self.app = app
@@ -94,9 +94,9 @@ class _Server(ThreadedServer):
             grace=grace,
             watchdog_interval=0.01,
             name="test-threaded-server",
-            use_uvloop=None if on_owner_loop else False,
+            use_uvloop=None if on_engine_loop else False,
             switch_interval=switch_interval,
-            on_owner_loop=on_owner_loop,
+            on_engine_loop=on_engine_loop,
         )
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
@@ -142,8 +142,8 @@ def owner() -> Iterator[LoopThread]:
     thread.stop()
 
 
-@pytest.fixture(params=[False, True], ids=["own-thread", "on-owner-loop"])
-def on_owner_loop(request: pytest.FixtureRequest) -> bool:
+@pytest.fixture(params=[False, True], ids=["own-thread", "on-engine-loop"])
+def on_engine_loop(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
 
 
@@ -152,10 +152,10 @@ def _closed(sock: Any) -> bool:
 
 
 def test_stop_drains_a_request_in_flight_then_closes(
-    owner: LoopThread, on_owner_loop: bool
+    owner: LoopThread, on_engine_loop: bool
 ) -> None:
     app = _App()
-    server = _Server(owner, app, on_owner_loop=on_owner_loop).start()
+    server = _Server(owner, app, on_engine_loop=on_engine_loop).start()
     assert server.running
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         reply = pool.submit(httpx.get, f"{server.url}/slow", timeout=BOUND_S)
@@ -177,15 +177,15 @@ def test_stop_drains_a_request_in_flight_then_closes(
     assert _closed(server._sock)
     assert server.exit_reason is None
     # Where it served: the owner's thread, whose loop goes on; or a thread of its own.
-    assert (app.threads == {owner.thread}) is on_owner_loop
+    assert (app.threads == {owner.thread}) is on_engine_loop
     assert owner.running and owner.loop.is_running()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/", timeout=BOUND_S)
 
 
-def test_stop_cancels_what_outlives_the_grace(owner: LoopThread, on_owner_loop: bool) -> None:
+def test_stop_cancels_what_outlives_the_grace(owner: LoopThread, on_engine_loop: bool) -> None:
     app = _App()
-    server = _Server(owner, app, grace=0.1, on_owner_loop=on_owner_loop).start()
+    server = _Server(owner, app, grace=0.1, on_engine_loop=on_engine_loop).start()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         reply = pool.submit(httpx.get, f"{server.url}/forever", timeout=BOUND_S)
         assert app.entered.wait(BOUND_S)
@@ -228,7 +228,7 @@ async def _turns(n: int) -> None:
 
 
 def test_serving_ends_only_once_each_cancelled_handler_has_ended(
-    owner: LoopThread, on_owner_loop: bool
+    owner: LoopThread, on_engine_loop: bool
 ) -> None:
     """uvicorn cancels what outlives the grace and returns without waiting for it; the
     cancelled handler's abort must end before serving does (on the owner loop nothing
@@ -239,7 +239,7 @@ def test_serving_ends_only_once_each_cancelled_handler_has_ended(
     have ended by then, and ``released`` would come first."""
     app = _App()
     app.abort_gate.clear()
-    server = _Marking(owner, app, grace=0.1, on_owner_loop=on_owner_loop).start()
+    server = _Marking(owner, app, grace=0.1, on_engine_loop=on_engine_loop).start()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         reply = pool.submit(httpx.get, f"{server.url}/forever", timeout=BOUND_S)
         assert app.entered.wait(BOUND_S)
@@ -253,6 +253,33 @@ def test_serving_ends_only_once_each_cancelled_handler_has_ended(
         assert reply.result(BOUND_S).status_code == 500
     assert app.order == ["aborted", "released"]
     assert server.wait_stopped(0) and owner.loop.is_running()
+
+
+def test_the_state_names_each_step_and_a_server_starts_once(
+    owner: LoopThread, on_engine_loop: bool
+) -> None:
+    """NEW, SERVING, STOPPED; a second start is refused by the state it finds, naming
+    it, and leaves the serving server (and its socket) alone."""
+    server = _Server(owner, _App(), on_engine_loop=on_engine_loop)
+    assert server.state is ServerState.NEW and server.on_engine_loop is on_engine_loop
+    server.start()
+    assert server.state is ServerState.SERVING and server.running
+    with pytest.raises(_StartError, match=r"already serves: a server starts once"):
+        server.start()
+    assert server.running and not _closed(server._sock)
+    server.stop()
+    assert server.state is ServerState.STOPPED and not server.running
+    with pytest.raises(_StartError, match=r"has stopped: a server starts once; make a new one"):
+        server.start()
+
+
+def test_a_stop_before_start_leaves_a_server_that_cannot_start(owner: LoopThread) -> None:
+    server = _Server(owner, _App())
+    server.stop()
+    assert server.state is ServerState.STOPPED and _closed(server._sock)
+    with pytest.raises(_StartError, match="has stopped"):
+        server.start()
+    assert not server.thread.is_alive()
 
 
 def test_stop_before_start_closes_the_socket(owner: LoopThread) -> None:
@@ -287,13 +314,13 @@ def test_start_timeout_stops_the_thread_and_closes_the_socket(owner: LoopThread)
 
 
 def test_failed_start_reports_the_error_and_closes_the_socket(
-    owner: LoopThread, on_owner_loop: bool
+    owner: LoopThread, on_engine_loop: bool
 ) -> None:
     class Broken(_Server):
         async def _build(self) -> Any:
             raise ValueError("no app today")
 
-    server = Broken(owner, _App(), on_owner_loop=on_owner_loop)
+    server = Broken(owner, _App(), on_engine_loop=on_engine_loop)
     with pytest.raises(_StartError, match="failed to start: no app today") as info:
         server.start()
     assert isinstance(info.value.__cause__, ValueError)
@@ -314,9 +341,9 @@ def test_watchdog_stops_the_server_when_the_owner_loop_closes(owner: LoopThread)
 
 
 def test_watchdog_stops_the_server_when_the_engine_dies(
-    owner: LoopThread, on_owner_loop: bool
+    owner: LoopThread, on_engine_loop: bool
 ) -> None:
-    server = _Server(owner, _App(), on_owner_loop=on_owner_loop).start()
+    server = _Server(owner, _App(), on_engine_loop=on_engine_loop).start()
     server.engine_dead = ExitReason.ENGINE_DIED
     assert server.wait_stopped(BOUND_S) and not server.running
     assert server.exit_reason is ExitReason.ENGINE_DIED
@@ -330,9 +357,9 @@ def test_watchdog_stops_the_server_when_the_engine_dies(
 
 
 def test_start_and_stop_on_the_owner_loop_point_to_the_async_forms(
-    owner: LoopThread, on_owner_loop: bool
+    owner: LoopThread, on_engine_loop: bool
 ) -> None:
-    server = _Server(owner, _App(), on_owner_loop=on_owner_loop)
+    server = _Server(owner, _App(), on_engine_loop=on_engine_loop)
 
     async def on_owner() -> list[str]:
         seen = []
@@ -407,19 +434,21 @@ def test_a_bad_switch_interval_is_refused_before_anything_starts(owner: LoopThre
 def test_on_the_owner_loop_a_start_needs_that_loop_running(owner: LoopThread) -> None:
     """No owner loop, a stopped one, a closed one: refused before serving, naming the
     fix, with the socket closed."""
-    unknown = _Server(owner, _App(), on_owner_loop=True)
+    unknown = _Server(owner, _App(), on_engine_loop=True)
     unknown.owner_loop = None
-    with pytest.raises(_StartError, match=r"owner loop is not known.*EngineLoop") as info:
+    with pytest.raises(
+        _StartError, match=r"owner loop is not known.*loopbridge\.LoopThread"
+    ) as info:
         unknown.start()
     assert "from a thread of its own (the default)" in str(info.value)
     assert _closed(unknown._sock) and not unknown.running
-    stopped = _Server(owner, _App(), on_owner_loop=True)
+    stopped = _Server(owner, _App(), on_engine_loop=True)
     stopped.owner_loop = asyncio.new_event_loop()  # never run
     try:
         with pytest.raises(_StartError, match="owner loop is not running"):
             stopped.start()
         stopped.owner_loop.close()
-        closed = _Server(owner, _App(), on_owner_loop=True)
+        closed = _Server(owner, _App(), on_engine_loop=True)
         closed.owner_loop = stopped.owner_loop
         with pytest.raises(_StartError, match="owner loop is closed"):
             closed.start()
@@ -429,11 +458,33 @@ def test_on_the_owner_loop_a_start_needs_that_loop_running(owner: LoopThread) ->
     stopped.stop()  # nothing was served: only the (closed) socket
 
 
+def test_on_the_owner_loop_a_blocked_owner_is_a_start_that_timed_out(owner: LoopThread) -> None:
+    """The owner loop never runs the launch: the start error says so, the socket is
+    closed, and nothing serves once the owner runs again."""
+    hold, held = threading.Event(), threading.Event()
+
+    def block() -> None:
+        held.set()
+        hold.wait(BOUND_S)
+
+    owner.loop.call_soon_threadsafe(block)
+    assert held.wait(BOUND_S)
+    server = _Server(owner, _App(), on_engine_loop=True)
+    try:
+        with pytest.raises(_StartError, match=r"did not start within 0\.2 s"):
+            server.start(timeout=0.2)
+    finally:
+        hold.set()
+    assert _closed(server._sock) and server.state is ServerState.STOPPED
+    assert owner.run(asyncio.sleep, 0) is None  # the owner runs again ...
+    assert server._serving_task is None and server.wait_stopped(0)  # ... and serves nothing
+
+
 def test_on_the_owner_loop_serving_ends_with_that_loop(owner: LoopThread) -> None:
     """The owner loop stops and closes while serving (its clean-up sweep cancels the
     server): serving has ended, and a stop afterwards only closes the socket."""
     app = _App()
-    server = _Server(owner, app, on_owner_loop=True).start()
+    server = _Server(owner, app, on_engine_loop=True).start()
     assert httpx.get(f"{server.url}/", timeout=BOUND_S).text == "ok"
     assert server.thread is owner.thread and app.threads == {owner.thread}
     owner.stop()
@@ -454,5 +505,5 @@ def test_on_the_owner_loop_a_choice_of_loop_is_refused(owner: LoopThread) -> Non
                 watchdog_interval=1.0,
                 name="refused",
                 use_uvloop=choice,
-                on_owner_loop=True,
+                on_engine_loop=True,
             )

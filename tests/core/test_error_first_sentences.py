@@ -93,7 +93,7 @@ def test_an_object_made_inside_trio_is_told_so(owner: lb.LoopThread) -> None:
 
 
 def test_a_call_in_flight_when_its_loop_thread_stops_names_both() -> None:
-    owner = lb.LoopThread(name="engine-owner")
+    owner = lb.LoopThread(name="engine-owner", use_uvloop=False)  # the message names its kind
     owner.start()
     engine = owner.run(_make_engine)
     p = lb.proxy(engine)
@@ -118,7 +118,7 @@ def test_a_call_in_flight_when_its_loop_thread_stops_names_both() -> None:
 
 
 def test_a_call_made_after_its_loop_thread_stopped_names_both() -> None:
-    owner = lb.LoopThread(name="engine-owner")
+    owner = lb.LoopThread(name="engine-owner", use_uvloop=False)  # the message names its kind
     owner.start()
     p = lb.proxy(owner.run(_make_engine))
     owner.stop()

@@ -41,7 +41,7 @@ def test_serves_generate_and_health_then_stops_in_order(
         if on_engine_loop:  # the manager's own loop and thread serve
             assert server.loop is owner.loop and server.thread is owner.thread
         else:  # uvloop is installed with SGLang: the server's loop is uvloop's, as SGLang's
-            assert type(server._loop_thread.loop).__module__.startswith("uvloop")
+            assert type(server.loop).__module__.startswith("uvloop")
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
         out = _generate(server.url, "http-1")
         assert out["output_ids"] == [100, 101, 102, 103]
@@ -192,7 +192,7 @@ def test_api_key_is_checked_by_sglangs_own_middleware(sgl: Manager, owner: LoopT
 
 def test_the_start_error_is_the_one_both_adapters_share() -> None:
     import loopbridge_sglang
-    from loopbridge_adapters.threaded import ServerStartError
+    from loopbridge_adapters import ServerStartError
     from loopbridge_sglang import server
 
     assert loopbridge_sglang.ServerStartError is server.ServerStartError is ServerStartError

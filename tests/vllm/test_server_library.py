@@ -113,7 +113,7 @@ def test_added_router_and_middleware_are_served_and_reach_the_engine(engine_prox
 
 def test_the_start_error_is_the_one_both_adapters_share() -> None:
     import loopbridge_vllm
-    from loopbridge_adapters.threaded import ServerStartError
+    from loopbridge_adapters import ServerStartError
     from loopbridge_vllm import server
 
     assert loopbridge_vllm.ServerStartError is server.ServerStartError is ServerStartError

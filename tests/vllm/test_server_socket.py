@@ -12,6 +12,7 @@ it saves a real server.
 from __future__ import annotations
 
 import asyncio
+import socket
 import statistics
 import time
 from collections.abc import Iterator
@@ -22,7 +23,6 @@ import pytest
 from adapters.listeners import protocol_zero_bind
 
 from loopbridge_vllm import OpenAIServer, start_openai_server
-from loopbridge_vllm import server as server_module
 
 # A kept-alive request must not cost more than this many times a request on a
 # new connection (which pays a TCP handshake but never meets a delayed ACK).
@@ -49,11 +49,18 @@ def _p50_ratio(url: str, path: str, rounds: int = 25) -> float:
     return statistics.median(kept) / statistics.median(fresh)
 
 
+class _ProtocolZeroServer(OpenAIServer):
+    """The server as it was: it binds its own listener with protocol 0 (a socket given
+    with ``sock=`` would be adopted, which sets TCP_NODELAY on it)."""
+
+    def _listen(self, host: str, port: int) -> socket.socket:
+        return protocol_zero_bind(host, port)
+
+
 @pytest.fixture
-def protocol_zero_server(engine_proxy: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def protocol_zero_server(engine_proxy: Any) -> Iterator[Any]:
     """A server as it was: protocol-0 listener, asyncio loop."""
-    monkeypatch.setattr(server_module, "_bind", protocol_zero_bind)
-    server = start_openai_server(engine_proxy, use_uvloop=False, grace=1.0)
+    server = _ProtocolZeroServer(engine_proxy, use_uvloop=False, grace=1.0).start()
     yield server
     server.stop()
 

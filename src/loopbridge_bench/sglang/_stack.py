@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from loopbridge import LoopThread, unwrap
-from loopbridge_adapters.http import bind, loop_factory, thread_server_class
+from loopbridge_adapters.http import bind, thread_server_class
 from loopbridge_sglang.cpu_manager import StandInScheduler, build_tiny_model, make_tokenizer_manager
 from loopbridge_sglang.manager import tokenizer_manager_proxy
 from loopbridge_sglang.server import _skip_warmup, start_sglang_server
@@ -72,7 +72,7 @@ class Stack:
         self.manager, self.server_args = manager, server_args
         # The stand-in forks: before any thread of ours exists.
         self.scheduler = StandInScheduler(port_args, step_s=self.step_s).start()
-        self.owner = LoopThread("sglang-owner", loop_factory=loop_factory(True)).start()
+        self.owner = LoopThread("sglang-owner", use_uvloop=None).start()
         self.proxy = tokenizer_manager_proxy(manager, loop=self.owner.loop)
         self.owner.run(self._mark_up)
         return self

@@ -26,7 +26,7 @@ code that releases it, as torch's kernels and a wait on a device do) and a refit
 ``pause_generation(mode="keep")`` / ``resume_generation()`` cycle.  It runs on
 the engine's owner loop (the engine built on the busy actor's loop), or on an
 actor loop of its own while the engine keeps its loop
-(:class:`loopbridge_adapters.engine_loop.EngineLoop`): the ``-own-loop``
+(a :class:`loopbridge.LoopThread`): the ``-own-loop``
 scenarios.
 """
 
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopbridge_adapters.engine_loop import EngineLoop
+from loopbridge import LoopThread
+from loopbridge_adapters.http import loop_kind
 from loopbridge_adapters.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
 from ._stages import StageProbe, TimedClient
@@ -202,7 +203,7 @@ async def _busy(engine: Any, load: BusyLoad, counters: dict[str, int]) -> None:
 
 
 class Stack:
-    """Engine on its own loop (an :class:`EngineLoop`) plus one OpenAI server per mode."""
+    """Engine on its own loop (a :class:`LoopThread`) plus one OpenAI server per mode."""
 
     def __init__(
         self,
@@ -213,19 +214,19 @@ class Stack:
         use_uvloop: bool | None = None,
     ) -> None:
         self.spec = spec
-        # The owner's and the busy actor's loops (EngineLoop's choice: None is uvloop when
+        # The owner's and the busy actor's loops (LoopThread's choice: None is uvloop when
         # installed, as Ray makes an async actor's loop and vllm serve its engine's).
         self.use_uvloop = use_uvloop
         self.switch_interval = switch_interval  # every server's (see OpenAIServer)
         self.modes = modes
         self.probe = probe  # marks every request's stages (see _stages); None: no cost
-        self.owner: EngineLoop | None = None
+        self.owner: LoopThread | None = None
         self.owner_kind: str | None = None  # "uvloop" or "asyncio", once started
-        self.actor: EngineLoop | None = None  # the busy actor's own loop (own-loop scenarios)
+        self.actor: LoopThread | None = None  # the busy actor's own loop (own-loop scenarios)
         self.engine: Any = None
         self.servers: dict[str, Any] = {}
         self.restarts = 0
-        self._busy: tuple[EngineLoop, asyncio.Task[None]] | None = None  # (its loop, task)
+        self._busy: tuple[LoopThread, asyncio.Task[None]] | None = None  # (its loop, task)
         self.busy_counters = {"slices": 0, "refits": 0, "refit_pause_errors": 0}
 
     @property
@@ -239,12 +240,12 @@ class Stack:
         # Inherited by the EngineCore the engine spawns (CUDA_VISIBLE_DEVICES):
         # this process itself never initializes CUDA.
         os.environ.update(dict(spec.env))
-        self.owner = EngineLoop("bench-engine-owner", use_uvloop=self.use_uvloop).start()
-        self.owner_kind = self.owner.kind
-        self.engine = self.owner.build(_make_engine, engine_args(spec, model_dir))
+        self.owner = LoopThread("bench-engine-owner", use_uvloop=self.use_uvloop).start()
+        self.owner_kind = loop_kind(self.owner.loop)
+        self.engine = self.owner.run(_make_engine, engine_args(spec, model_dir))
         # vLLM's own server caches this at start-up; doing it on the owner loop
         # means the unsafe server needs no utility call from its thread.
-        self.owner.build(self.engine.get_supported_tasks)
+        self.owner.run(self.engine.get_supported_tasks)
         if "unsafe" in self.modes:
             _lock_input_socket(self.engine)
         try:
@@ -324,7 +325,7 @@ class Stack:
             # it can report the EngineCore's exit as an engine failure.
             try:
                 if self.owner is not None and self.owner.running:
-                    self.owner.build(_shutdown_engine, self.engine)
+                    self.owner.run(_shutdown_engine, self.engine)
                 else:
                     self.engine.shutdown()
             except Exception:
@@ -349,7 +350,7 @@ class Stack:
         if self._busy is not None:
             (runner, task), self._busy = self._busy, None
             if runner.running:
-                runner.build(_stop_task, task)
+                runner.run(_stop_task, task)
         if load is None or not load.active or self.owner is None:
             return
         engine = self.engine
@@ -358,9 +359,9 @@ class Stack:
             from loopbridge_vllm.engine import engine_client_proxy
 
             if self.actor is None:
-                self.actor = EngineLoop("bench-actor", use_uvloop=self.use_uvloop).start()
+                self.actor = LoopThread("bench-actor", use_uvloop=self.use_uvloop).start()
             runner, engine = self.actor, engine_client_proxy(self.engine)
-        self._busy = (runner, runner.build(_start_task, _busy(engine, load, self.busy_counters)))
+        self._busy = (runner, runner.run(_start_task, _busy(engine, load, self.busy_counters)))
 
 
 def kv_cache_info(engine: Any) -> dict[str, Any]:
