@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 import pytest
@@ -83,6 +84,22 @@ class Adder:
 
     async def loop(self) -> asyncio.AbstractEventLoop:
         return asyncio.get_running_loop()
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` in the main thread, as at a terminal.
+
+    A test run started in the background of a non-interactive shell (as CI starts
+    each Python's core lane) inherits SIGINT ignored, and Python then leaves it
+    ignored: ``_thread.interrupt_main()`` would do nothing. The previous handler
+    is put back afterwards.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 async def until_set(event: threading.Event, timeout: float = 30.0) -> None:

@@ -199,6 +199,7 @@ def test_a_blocking_timeout_that_loses_to_the_result_returns_it(
     assert _queue_counters(q)["delivered_despite_cancel"] == 1
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_a_keyboard_interrupt_drops_a_completed_result_and_counts_it(
     asyncio_owner: lb.LoopThread,
 ) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -77,6 +78,17 @@ class SelfIter(_Source):
 @lb.loop_affine(read_ahead={"__aiter__": None})
 class DeclaredBatched(GenIter):
     """Running ahead, declared: the object's iteration batched again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran_ahead = threading.Event()  # set once item 1 is taken off the source
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        while True:
+            item = await self.recv()
+            if item >= 1:
+                self.ran_ahead.set()  # no await before the yield: the pump holds it next
+            yield item
 
 
 SHAPES = [GenIter, SelfIter]
@@ -189,6 +201,7 @@ def test_declared_read_ahead_batches_the_objects_iteration(owner: lb.LoopThread)
     async def main() -> int:
         it = p.__aiter__()
         assert await it.__anext__() == 0
+        assert await asyncio.to_thread(obj.ran_ahead.wait, 30)  # the owner ran ahead
         await it.aclose()  # waits for the owner side, which counts what it read ahead
         left: int = await p.left()
         return left

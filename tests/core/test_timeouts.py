@@ -244,6 +244,7 @@ def test_trio_fail_after_takes_back_a_call_the_stuck_owner_never_started(
     _never_ran(p)
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_in_a_blocking_call_to_a_stuck_owner_returns_at_once(
     asyncio_owner: lb.LoopThread,
 ) -> None:
