@@ -70,7 +70,9 @@ def layout() -> list[tuple[str, str]]:
         if not line.strip() or indent >= _CONTINUED:
             continue
         entry = _ENTRY.fullmatch(line.strip())
-        assert entry is not None, f"CONTRIBUTING.md's layout: not an entry (names, then what): {line!r}"
+        assert entry is not None, (
+            f"CONTRIBUTING.md's layout: not an entry (names, then what): {line!r}"
+        )
         while folders and folders[-1][0] >= indent:
             folders.pop()
         parent = folders[-1][1] if folders else ""
