@@ -36,3 +36,13 @@ def on_files(files: Any, config: Any) -> Any:
         text = (ROOT / source).read_text(encoding="utf-8")
         files.append(File.generated(config, page, content=_links(text)))
     return files
+
+
+# The docstrings use Sphinx's roles (``:func:`name```), which the generated pages would
+# show as written: the role goes, the name stays in code type.
+# A leading ``~`` (show the last component) is dropped with it.
+_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|exc|obj):(<code>|<a [^>]*>)(?:~)?")
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    return _ROLE.sub(r"\1", html)
