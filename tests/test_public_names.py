@@ -75,8 +75,6 @@ def _exports(module: ModuleType) -> dict[str, object]:
     return out
 
 
-
-
 def _is_public(module: str) -> bool:
     return not any(part.startswith("_") for part in module.split("."))
 
