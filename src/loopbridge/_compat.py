@@ -115,7 +115,11 @@ check_counter_repr()
 
 
 def counter_value(counter: itertools.count[int]) -> int:
-    """Current value of an ``itertools.count`` without advancing it."""
+    """Current value of an ``itertools.count`` without advancing it.
+
+    ``repr`` reads the count's one machine word, which ``next()`` changes by a
+    compare-and-swap on a free-threaded build: an aligned word, read whole on
+    the 64-bit platforms that build runs on (a value a moment old at worst)."""
     return int(repr(counter)[6:-1])
 
 
