@@ -10,8 +10,9 @@ from __future__ import annotations
 import operator
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 

@@ -13,6 +13,7 @@ Importing this package does not import vLLM.
 
 from __future__ import annotations
 
+from loopbridge_adapters.free_threaded import refuse_free_threaded as _refuse_free_threaded
 from loopbridge_adapters.public_names import publish as _publish
 
 from .engine import (
@@ -53,3 +54,11 @@ __all__ = [
     "start_openai_server",
 ]
 _publish(__name__, globals())
+
+# Last: what this package holds imports no engine, and on a free-threaded build the
+# engine cannot load (loopbridge_adapters.free_threaded).
+_refuse_free_threaded(
+    "loopbridge_vllm",
+    "vLLM",
+    "its wheels are cp38-abi3, which a free-threaded interpreter cannot load",
+)
