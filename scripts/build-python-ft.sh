@@ -19,12 +19,24 @@ works() { # interpreter: runs, and without the GIL
     [ -x "$1" ] && "$1" -c 'import sys; sys.exit(sys._is_gil_enabled())' >/dev/null 2>&1
 }
 
-for v in $versions; do
-    if works "$cache/${v}t/bin/python${v}t"; then
-        echo "free-threaded CPython $v: $cache/${v}t/bin/python${v}t"
-        exit 0
-    fi
-done
+cached() { # the newest cached interpreter that works: its line, and status 0
+    local v
+    for v in $versions; do
+        if works "$cache/${v}t/bin/python${v}t"; then
+            echo "free-threaded CPython $v: $cache/${v}t/bin/python${v}t"
+            return 0
+        fi
+    done
+    return 1
+}
+
+cached && exit 0
+# One build at a time (.ci/run starts one beside the lanes; the core lane may ask too):
+# whoever waited finds the other's interpreter.
+mkdir -p "$cache"
+exec 9>"$cache/lock"
+flock 9
+cached && exit 0
 
 apt_dir=$cache/apt
 mkdir -p "$apt_dir/sources.list.d" "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
