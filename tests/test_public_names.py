@@ -95,7 +95,7 @@ def test_the_walk_finds_every_package_and_their_public_modules() -> None:
     for expected in (
         "loopbridge.metrics",
         "loopbridge_adapters.threaded",
-        "loopbridge_vllm.server",
+        *(f"{engine}.server" for engine in ENGINES),
     ):
         assert expected in MODULES
     assert not [m for m in MODULES if not _is_public(m)]
