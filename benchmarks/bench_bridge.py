@@ -237,7 +237,11 @@ def threads_loopbridge(env: Env, threads: int, c: int, n: int) -> float:
             ready.wait()
             loop.run_until_complete(tasks())
             ends.append(perf())  # one list.append per thread: atomic with or without the GIL
-        finally:
+        finally:  # as asyncio.run ends: its port's keeper is cancelled, then the loop closed
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
     workers = [threading.Thread(target=caller) for _ in range(threads)]
@@ -708,7 +712,7 @@ def markdown(
         for lk in loops:
             if f"{lk}/blocking/rct" in by:
                 lines.append(
-                    f"| {lk} | {_cell(by[lk + '/blocking/rct'])} | {_cell(by[lk + '/blocking/loopbridge'])} | {_cell(by.get(lk + '/blocking/loopbridge-eager'))} | {_cell(by[lk + '/blocking/anyio'])} |"
+                    f"| {lk} | {_cell(by[lk + '/blocking/rct'])} | {_cell(by[lk + '/blocking/loopbridge'])} | {_cell(by.get(lk + '/blocking/loopbridge-eager'))} | {_cell(by.get(lk + '/blocking/anyio'))} |"
                 )
         lines.append("")
     srows = [r for r in rows if r["group"] == "streams"]
