@@ -12,7 +12,7 @@
 #                 build of torch, loopbridge with the vllm-server extra and its
 #                 benchmarks (loopbridge-bench's vllm extra, from bench/); then run
 #                 (add --dry-run to check the set-up only)
-#   --vllm X.Y.Z  the vLLM release --setup installs (default 0.34.0; any release of README's table)
+#   --vllm X.Y.Z  the vLLM release --setup installs (default 0.34.0; any release of CONTRIBUTING.md's table)
 #   --model DIR   a local Hugging Face model directory (default: the tiny model built
 #                 locally into .cache/tiny-model, random weights, bfloat16)
 #   --out DIR     results (default results/gpu-latency): latency.json, latency.md,

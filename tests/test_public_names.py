@@ -80,12 +80,6 @@ def _exports(module: ModuleType) -> dict[str, object]:
     return out
 
 
-#: Packages whose exports another change moves (the DP model checker leaves
-#: ``loopbridge_vllm.dp`` with issue 55's first item); each then publishes with
-#: :func:`loopbridge_adapters.public_names.publish`, and its entry goes.
-PENDING = {"loopbridge_vllm.dp"}
-
-
 def _is_public(module: str) -> bool:
     return not any(part.startswith("_") for part in module.split("."))
 
@@ -101,15 +95,7 @@ def test_the_walk_finds_every_package_and_their_public_modules() -> None:
     assert not [m for m in MODULES if not _is_public(m)]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="not published yet"))
-        if m in PENDING
-        else m
-        for m in MODULES
-    ],
-)
+@pytest.mark.parametrize("name", MODULES)
 def test_every_export_reports_a_public_module_that_gives_it_back(name: str) -> None:
     wrong = {}
     for export, obj in _exports(_import(name)).items():

@@ -5,7 +5,7 @@ whatever else the process runs: in an RL actor, the actor's own pure-Python work
 A thread that wants the GIL waits until its holder blocks or, at the latest, for
 the switch interval (``sys.setswitchinterval``; CPython's default is 5 ms). An
 actor slice of 4 ms never reaches 5 ms, so the HTTP and owner threads waited for
-whole slices; at 1 ms they wait at most about 1 ms. Measured (docs/performance.md,
+whole slices; at 1 ms they wait at most about 1 ms. Measured (docs/dev/performance-history.md,
 issue 36): with a busy actor, the streamed TTFT p99 at concurrency 16 fell by a
 quarter to a third; with nothing else running, and at concurrency 64, no change
 beyond the run-to-run spread.

@@ -8,33 +8,38 @@
 * :mod:`loopbridge_vllm.cpu_engine` - the real engine on CPU with a stand-in
   forward pass, for tests and benchmarks.
 
-Importing this package does not import vLLM.
+Importing this package does not import vLLM, nor loopbridge itself: the names below
+load with their modules on first use. vLLM imports this package in each of its
+processes for the two plugins it registers (``loopbridge_vllm._cpu_platform``,
+``loopbridge_vllm.dp._plugin``), opted in or not; those pay for themselves only
+(tests/test_plugin_imports.py).
 """
 
 from __future__ import annotations
 
-from loopbridge_adapters.free_threaded import refuse_free_threaded as _refuse_free_threaded
-from loopbridge_adapters.public_names import publish as _publish
+import sysconfig
+from typing import TYPE_CHECKING
 
-from .engine import (
-    EngineShutDown,
-    OffLoopCall,
-    UnclassifiedMemberError,
-    UnsupportedEngineConfig,
-    adopt_engine,
-    bind_owner_loop,
-    engine_client_proxy,
-    is_engine_client_proxy,
-    shutdown_engine,
-)
-from .server import (
-    OpenAIServer,
-    ServeArgsMismatch,
-    ServeOptionError,
-    ServerStartError,
-    astart_openai_server,
-    start_openai_server,
-)
+if TYPE_CHECKING:
+    from .engine import (
+        EngineShutDown,
+        OffLoopCall,
+        UnclassifiedMemberError,
+        UnsupportedEngineConfig,
+        adopt_engine,
+        bind_owner_loop,
+        engine_client_proxy,
+        is_engine_client_proxy,
+        shutdown_engine,
+    )
+    from .server import (
+        OpenAIServer,
+        ServeArgsMismatch,
+        ServeOptionError,
+        ServerStartError,
+        astart_openai_server,
+        start_openai_server,
+    )
 
 __all__ = [
     "EngineShutDown",
@@ -53,12 +58,40 @@ __all__ = [
     "shutdown_engine",
     "start_openai_server",
 ]
-_publish(__name__, globals())
 
-# Last: what this package holds imports no engine, and on a free-threaded build the
-# engine cannot load (loopbridge_adapters.free_threaded).
-_refuse_free_threaded(
-    "loopbridge_vllm",
-    "vLLM",
-    "its wheels are cp38-abi3, which a free-threaded interpreter cannot load",
-)
+
+def _load() -> None:
+    """Import the modules that define ``__all__`` and publish it, once: every name
+    arrives at the same time, so what reprs and tracebacks say never depends on which
+    name was asked for first."""
+    from loopbridge_adapters.public_names import publish
+
+    from . import engine, server
+
+    namespace = globals()
+    for name in __all__:
+        namespace[name] = getattr(engine, name, None) or getattr(server, name)
+    publish(__name__, namespace)
+
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _load()
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+# vLLM cannot load on a free-threaded build (loopbridge_adapters.free_threaded): say so
+# at once, in one line. A standard build imports nothing more here.
+if sysconfig.get_config_var("Py_GIL_DISABLED"):
+    from loopbridge_adapters.free_threaded import refuse_free_threaded
+
+    refuse_free_threaded(
+        "loopbridge_vllm",
+        "vLLM",
+        "its wheels are cp38-abi3, which a free-threaded interpreter cannot load",
+    )

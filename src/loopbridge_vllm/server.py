@@ -558,57 +558,68 @@ def start_openai_server(
 ) -> OpenAIServer:
     """Serve vLLM's OpenAI app for ``engine`` from a new thread; return when ready.
 
-    ``engine`` is an ``AsyncLLM`` whose owner loop is known (it was created on
-    a running loop, or declared with ``loopbridge.adopt``), or a client made by
-    :func:`~loopbridge_vllm.engine.engine_client_proxy`. A raw ``AsyncLLM`` is
-    wrapped (``proxy_options`` go to ``engine_client_proxy``); the server never
-    touches the engine's asyncio state directly.
+    The server never touches the engine's asyncio state directly: a raw ``AsyncLLM``
+    is wrapped in :func:`~loopbridge_vllm.engine_client_proxy`. Returns once the
+    server accepts connections; :attr:`OpenAIServer.url` is the bound address.
 
-    ``serve_argv`` adds ``vllm serve`` options; ``args`` replaces the whole
-    namespace. With ``shutdown_engine=True``, :meth:`OpenAIServer.stop` shuts
-    the engine down after the server has stopped. The server's loop is uvloop
-    when it is installed, as with ``vllm serve``; ``use_uvloop=False`` runs it
-    on asyncio's own loop, ``use_uvloop=True`` insists on uvloop (as
-    :class:`loopbridge.LoopThread` takes it). ``sock`` serves an already bound,
-    listening TCP socket instead of binding ``host:port``. ``on_engine_loop=True``
-    serves on the engine's owner loop, ``vllm serve``'s topology, for an engine on a
-    loop that runs nothing else (a ``loopbridge.LoopThread``; see docs/vllm.md);
-    ``use_uvloop`` is refused.
-
-    With ``metrics=True`` (and ``prometheus_client`` installed, as it is with
-    vLLM), loopbridge's series are exported on the app's ``/metrics`` next to
-    vLLM's, and the engine's owner loop gets a lag monitor; both are set up
-    once per process and per owner loop however many servers start.
-
-    Request bodies over ``max_body_bytes`` (default 32 MiB) are answered 413
-    without being kept; ``None`` accepts any size, as stock ``vllm serve`` does.
-
-    ``routers`` (FastAPI ``APIRouter``) are added to vLLM's app and
-    ``middleware`` (Starlette ``Middleware``, the first outermost) wraps it,
-    served on the same thread: a route reaches the engine as
-    ``request.app.state.engine_client``, the loop-safe proxy. A namespace (``args``, or ``serve_argv``) that contradicts
-    the engine's own config raises :class:`ServeArgsMismatch`.
-
-    With ``weight_version_tags=True`` every completion and chat completion
-    says which weight versions served it (read from ``get_weight_version()``
-    at admission and at finish): headers ``x-weight-version-admitted``,
-    ``-finished`` and ``-mixed`` on a JSON reply; the admission header and a
-    last chunk with a ``weight_version`` field on a stream. See
-    :mod:`loopbridge_vllm._weight_version`.
-
-    ``paused_admission`` says what happens to a generation request that arrives
-    while the engine is paused: ``"engine"`` (default) leaves it to the vLLM
-    release (from 0.33: refused in "abort" and "wait" mode, queued in the engine
-    in "keep"; before: queued in every mode), ``"refuse"`` answers 503 with
-    ``Retry-After`` before it reaches the engine, ``"hold"`` keeps it in the
-    server until the resume, for at most ``paused_hold_s`` seconds (then 503).
-    See :mod:`loopbridge_vllm._paused_admission` and docs/vllm.md.
-
-    While it serves, the interpreter's switch interval is ``switch_interval``
-    seconds (default 1 ms, logged at info level; restored when the last server
-    stops): the HTTP and owner threads then wait at most about that long for a
-    GIL that the process's other Python work holds. ``None`` leaves it alone.
-    See :mod:`loopbridge_adapters.switch_interval`.
+    :param engine: an ``AsyncLLM`` whose owner loop is known (it was created on a
+        running loop, or recorded with :func:`~loopbridge_vllm.bind_owner_loop`), or a
+        client made by :func:`~loopbridge_vllm.engine_client_proxy`.
+    :param host: the address to bind (default ``127.0.0.1``).
+    :param port: the port to bind (default ``0``: a free port, read back from ``url``).
+    :param serve_argv: more ``vllm serve`` options, as on its command line; one that
+        a library call refuses, or that vLLM's parser rejects, raises
+        :class:`ServeOptionError`.
+    :param args: a whole ``vllm serve`` namespace, instead of ``serve_argv`` (not both).
+        One that contradicts the engine's own config raises :class:`ServeArgsMismatch`.
+    :param grace: seconds a stop drains running requests before cancelling them (which
+        aborts them in the engine).
+    :param shutdown_engine: with ``True``, :meth:`OpenAIServer.stop` shuts the engine
+        down after the server has stopped.
+    :param log_level: uvicorn's log level (default ``"warning"``).
+    :param start_timeout: seconds to wait for the server to accept connections (the
+        engine's round trip on its owner loop included) before raising
+        :class:`ServerStartError`.
+    :param use_uvloop: the server loop: ``None`` (default) uvloop when it is installed,
+        as ``vllm serve`` does; ``False`` asyncio's own loop; ``True`` insists on uvloop
+        (as :class:`loopbridge.LoopThread` takes it). Refused with ``on_engine_loop``.
+    :param metrics: with ``True`` (and ``prometheus_client`` installed, as it is with
+        vLLM), loopbridge's series are exported on the app's ``/metrics`` next to
+        vLLM's, and the engine's owner loop gets a lag monitor; both are set up once
+        per process and per owner loop however many servers start.
+    :param max_body_bytes: request bodies over this size (default 32 MiB) are answered
+        413 without being kept; ``None`` accepts any size, as stock ``vllm serve`` does.
+    :param sock: an already bound, listening TCP socket to serve instead of binding
+        ``host:port``.
+    :param routers: FastAPI ``APIRouter`` objects added to vLLM's app, served on the
+        same thread: a route reaches the engine as ``request.app.state.engine_client``,
+        the loop-safe proxy.
+    :param middleware: Starlette ``Middleware`` wrapping the app (the first outermost).
+    :param weight_version_tags: with ``True`` every completion and chat completion says
+        which weight versions served it (read from ``get_weight_version()`` at admission
+        and at finish): headers ``x-weight-version-admitted``, ``-finished`` and
+        ``-mixed`` on a JSON reply; the admission header and a last chunk with a
+        ``weight_version`` field on a stream.
+    :param paused_admission: what happens to a generation request that arrives while
+        the engine is paused: ``"engine"`` (default) leaves it to the vLLM release
+        (from 0.33: refused in "abort" and "wait" mode, queued in the engine in
+        "keep"; before: queued in every mode), ``"refuse"`` answers 503 with
+        ``Retry-After`` before it reaches the engine, ``"hold"`` keeps it in the server
+        until the resume.
+    :param paused_hold_s: with ``paused_admission="hold"``, the most seconds a request
+        is held (then 503).
+    :param switch_interval: the interpreter's switch interval while the server serves
+        (default 1 ms, logged at info level; restored when the last server stops): the
+        HTTP and owner threads then wait at most about that long for a GIL that the
+        process's other Python work holds. ``None`` leaves it alone.
+    :param on_engine_loop: with ``True``, serve on the engine's owner loop instead of a
+        thread of its own (``vllm serve``'s topology), for an engine on a loop that
+        runs nothing else, such as a :class:`loopbridge.LoopThread`'s.
+    :param proxy_options: passed to :func:`~loopbridge_vllm.engine_client_proxy` when
+        ``engine`` is a raw ``AsyncLLM`` (``stream_window``, ``cancel_grace``).
+    :raises ServerStartError: the server failed before it accepted connections.
+    :raises ServeOptionError: an option of ``serve_argv`` is refused.
+    :raises ServeArgsMismatch: the namespace contradicts the engine.
     """
     options = _StartOptions.of(locals())
     return _prepare(engine, options, proxy_options).start(options.start_timeout)
@@ -642,6 +653,7 @@ async def astart_openai_server(
 
     A Ray async actor that owns the engine calls this from one of its async
     methods: the actor's loop keeps serving the engine while the server starts.
+    Every parameter is :func:`start_openai_server`'s, with the same meaning.
     """
     options = _StartOptions.of(locals())
     return await _prepare(engine, options, proxy_options).astart(options.start_timeout)

@@ -1,7 +1,7 @@
-"""The tree as README.md and docs/concepts.md describe it, and the tests as a mirror of
+"""The tree as CONTRIBUTING.md and docs/concepts.md describe it, and the tests as a mirror of
 the core.
 
-* README.md's "## Layout" block: every file and folder it names is where it says,
+* CONTRIBUTING.md's "## Layout" block: every file and folder it names is where it says,
   and every module of the core (``src/loopbridge/_*.py``) is in it.
 * docs/concepts.md: its table of the core's modules names each module, every module
   it names exists, and every name a row gives is defined by one of that row's
@@ -53,7 +53,7 @@ def mirror(module: str) -> Path:
     return ROOT / "tests" / suite / f"test_{module.removeprefix('_')}.py"
 
 
-# ------------------------------------------------------------------- README.md
+# ------------------------------------------------------------- CONTRIBUTING.md
 # An entry of the layout block: its names (files end in .py, folders in /), then
 # what it holds.  A description that runs on continues on lines indented to its
 # column; an entry is indented by its folder's depth.
@@ -62,8 +62,8 @@ _CONTINUED = 20
 
 
 def layout() -> list[tuple[str, str]]:
-    """(path from the repository root, its line) for each name in README's layout block."""
-    text = (ROOT / "README.md").read_text()
+    """(path from the repository root, its line) for each name in CONTRIBUTING.md's layout block."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
     block = text.split("\n## Layout\n", 1)[1].split("```", 2)[1]
     named: list[tuple[str, str]] = []
     folders: list[tuple[int, str]] = []  # the enclosing entries: (indent, path)
@@ -72,7 +72,9 @@ def layout() -> list[tuple[str, str]]:
         if not line.strip() or indent >= _CONTINUED:
             continue
         entry = _ENTRY.fullmatch(line.strip())
-        assert entry is not None, f"README's layout: not an entry (names, then what): {line!r}"
+        assert entry is not None, (
+            f"CONTRIBUTING.md's layout: not an entry (names, then what): {line!r}"
+        )
         while folders and folders[-1][0] >= indent:
             folders.pop()
         parent = folders[-1][1] if folders else ""
@@ -83,19 +85,19 @@ def layout() -> list[tuple[str, str]]:
     return named
 
 
-def test_every_file_and_folder_in_readmes_layout_is_where_it_says() -> None:
+def test_every_file_and_folder_in_the_layout_is_where_it_says() -> None:
     wrong = [
         f"{path} ({line.strip()!r})"
         for path, line in layout()
         if not ((ROOT / path).is_dir() if path.endswith("/") else (ROOT / path).is_file())
     ]
-    assert not wrong, f"README's layout names what the tree lacks: {wrong}"
+    assert not wrong, f"CONTRIBUTING.md's layout names what the tree lacks: {wrong}"
 
 
-def test_readmes_layout_names_every_core_module() -> None:
+def test_the_layout_names_every_core_module() -> None:
     named = {path for path, _ in layout()}
     missing = [m for m in core_modules() if f"src/loopbridge/{m}.py" not in named]
-    assert not missing, f"add to README's layout, with what each holds: {missing}"
+    assert not missing, f"add to CONTRIBUTING.md's layout, with what each holds: {missing}"
 
 
 # ------------------------------------------------------------ docs/concepts.md

@@ -1,4 +1,4 @@
-"""Every Python snippet in README.md and docs/*.md runs, or type-checks.
+"""Every Python snippet in README.md, CONTRIBUTING.md and docs/ runs, or type-checks.
 
 A fenced ``python`` block is run as a complete program (a fresh interpreter,
 loopbridge from this tree), unless the line just above the fence is a marker::
@@ -40,7 +40,7 @@ import loopbridge
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = str(Path(loopbridge.__file__).resolve().parent.parent)
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 _FENCE = re.compile(r"^```python\s*$")
 _MARKER = re.compile(

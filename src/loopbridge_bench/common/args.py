@@ -32,7 +32,7 @@ QUICK_REQUESTS = 8
 #: Sixteen closed-loop waves per job up to c = 64, so three rounds' pooled p99 has
 #: about 8 samples above it at c = 16 and 30 at c = 64. The former 8 per worker within
 #: 16..128 gave two waves at c = 64: a job's p99 was about its largest first token, and
-#: the tail came and went between runs (docs/performance.md, the sixth round).
+#: the tail came and went between runs (docs/dev/performance-history.md, the sixth round).
 PER_WORKER = 16
 REQUESTS_BOUNDS = (16, 1024)
 #: What ``meta["requests"]`` and ``--help`` say when ``--requests`` is not given.

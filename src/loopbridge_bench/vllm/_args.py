@@ -134,7 +134,7 @@ def _workload_options(ap: argparse.ArgumentParser) -> None:
         choices=sorted(LENGTH_SHAPES),
         default="fixed",
         help="request lengths: fixed, or lognormal around --prompt-len and --output-len "
-        "(see docs/performance.md; default fixed)",
+        "(see docs/dev/performance-history.md; default fixed)",
     )
     ap.add_argument(
         "--endpoint",
@@ -332,7 +332,7 @@ def _phase_options(group: Any) -> None:
         choices=("on", "off"),
         default="off",
         help="mark every request of the threaded modes at each stage on its way to the first "
-        "token, and report p50/p99 per stage (see docs/performance.md; default off: no cost)",
+        "token, and report p50/p99 per stage (see docs/dev/performance-history.md; default off: no cost)",
     )
     group.add_argument(
         "--no-gc-freeze",
@@ -340,7 +340,7 @@ def _phase_options(group: Any) -> None:
         action="store_false",
         help="leave the run's records to the garbage collector: by default they are frozen "
         "between jobs (gc.collect(), gc.freeze()), so that no full collection during a "
-        "measured job walks them while this process serves (see docs/performance.md)",
+        "measured job walks them while this process serves (see docs/dev/performance-history.md)",
     )
     group.add_argument(
         "--switch-interval-ms",

@@ -275,7 +275,7 @@ def _placement_json(p: Placement) -> dict[str, Any]:
     }
 
 
-#: The log files of a run, under ``OUT/logs/`` (see ``docs/performance.md``).
+#: The log files of a run, under ``OUT/logs/`` (see ``docs/dev/performance-history.md``).
 SETUP_LOG = "setup"  # this process while it builds the model
 THREADED_LOG = "latency-threaded"  # the latency engine and its threaded servers
 STOCK_LOG = "stock-server.log"  # `vllm serve` and its EngineCore

@@ -9,7 +9,7 @@ difference says what changed and in which release:
 - :mod:`.changed_fields`: data whose fields or constants differ (found by the
   fields the installed classes have).
 
-Which release a lane tests, and what each lacks, is README's release table;
+Which release a lane tests, and what each lacks, is CONTRIBUTING.md's release table;
 :data:`SUPPORTED_RELEASES` is its list, and :func:`untested_release_note` the
 one line for a release outside it.
 
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 #: vLLM releases (major.minor) the adapter is tested with, oldest first: each
-#: has a CI lane (README's release table says which tests each lane runs).
+#: has a CI lane (CONTRIBUTING.md's release table says which tests each lane runs).
 SUPPORTED_RELEASES = ("0.24", "0.29", "0.32", "0.33", "0.34")
 
 

@@ -29,11 +29,18 @@ __all__ = [
     "uninstall_filter",
 ]
 
+# What loopbridge_adapters.public_names.publish does for the other packages, by hand:
+# importing loopbridge_adapters would cost every vLLM process the threaded server.
+for _export in (Decision, FilterView, decide):
+    _export.__module__ = __name__
+
 
 def __getattr__(name: str) -> Any:
     # The patch imports vLLM; keep ``import loopbridge_vllm.dp`` free of it.
     if name in ("install_filter", "uninstall_filter"):
         from . import _patch
 
-        return getattr(_patch, name)
-    raise AttributeError(name)
+        export = getattr(_patch, name)
+        export.__module__ = __name__
+        return export
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
