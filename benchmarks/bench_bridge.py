@@ -11,7 +11,11 @@ One process run measures every scenario beside its baselines:
 * streams, per item, with the credit window swept, against one
   ``run_coroutine_threadsafe`` hop per item, a ``call_soon_threadsafe(q.put_nowait)``
   queue, and janus / culsans queues;
-* the same-loop fast path against a direct ``await``.
+* the same-loop fast path against a direct ``await``;
+* ``--only threads`` (not run by default): throughput of 1, 2, 4... caller threads,
+  each running its own loop of the same kind with 16 caller tasks, into the one
+  owner loop (ratio: against one caller thread; below 1 is more throughput).
+  Where it pays is a free-threaded Python with the GIL off (docs/free-threading.md).
 
 Method: the owner loop runs on a background thread, the caller loop on the main
 thread, both of the same kind (stock asyncio or uvloop).  Every repetition runs
@@ -38,6 +42,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -210,6 +215,45 @@ def blocking_anyio(env: Env, n: int) -> float:
     return (perf() - t0) / n
 
 
+def threads_loopbridge(env: Env, threads: int, c: int, n: int) -> float:
+    """``threads`` caller threads, each its own loop with ``c`` tasks calling the
+    owner loop; the wall time from a common start to the last one's end, per call."""
+    per = max(1, n // (threads * c))
+    p, factory = env.p, _loop_factory(env.kind)
+    ready = threading.Barrier(threads + 1)
+    ends: list[float] = []
+
+    async def body(count: int) -> None:
+        for i in range(count):
+            await p.noop(i)
+
+    async def tasks() -> None:
+        await asyncio.gather(*(body(per) for _ in range(c)))
+
+    def caller() -> None:
+        loop = factory()
+        try:
+            loop.run_until_complete(body(1))  # this loop's port, made before the start
+            ready.wait()
+            loop.run_until_complete(tasks())
+            ends.append(perf())  # one list.append per thread: atomic with or without the GIL
+        finally:  # as asyncio.run ends: its port's keeper is cancelled, then the loop closed
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+    workers = [threading.Thread(target=caller) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    ready.wait()
+    t0 = perf()
+    for w in workers:
+        w.join()
+    return (max(ends) - t0) / (threads * c * per)
+
+
 async def stream_loopbridge(env: Env, window: int, n: int) -> float:
     got = 0
     t0 = perf()
@@ -352,6 +396,7 @@ class Sizes:
     concurrency: list[int]
     windows: list[int]
     queue_size: int
+    caller_threads: list[int] = field(default_factory=lambda: [1, 2, 4])
 
 
 def _on(env: Env, make: Callable[[], Awaitable[float]]) -> Callable[[], float]:
@@ -466,6 +511,18 @@ def plan(envs: Sequence[Env], sizes: Sizes, groups: set[str]) -> list[Scenario]:
                     base,
                     window=w,
                 )
+        if "threads" in groups:
+            base = None
+            for t in sizes.caller_threads:
+                key = add(
+                    f"t{t}",
+                    "threads",
+                    f"threads-{t}",
+                    partial(threads_loopbridge, env, t, THREAD_TASKS, sizes.calls),
+                    base,
+                    threads=t,
+                )
+                base = base or key
         if "same-loop" in groups:
             n = sizes.same_loop_calls
             base = add("direct", "same-loop", "direct", _on(env, partial(same_loop_direct, env, n)))
@@ -483,6 +540,9 @@ def _ops(sc: Scenario, sizes: Sizes) -> int:
         return sizes.blocking_calls
     if sc.group == "streams":
         return sizes.perhop_items if sc.name == "perhop" else sizes.stream_items
+    if sc.group == "threads":
+        t = int(sc.params["threads"])
+        return max(1, sizes.calls // (t * THREAD_TASKS)) * t * THREAD_TASKS
     return sizes.same_loop_calls
 
 
@@ -652,7 +712,7 @@ def markdown(
         for lk in loops:
             if f"{lk}/blocking/rct" in by:
                 lines.append(
-                    f"| {lk} | {_cell(by[lk + '/blocking/rct'])} | {_cell(by[lk + '/blocking/loopbridge'])} | {_cell(by.get(lk + '/blocking/loopbridge-eager'))} | {_cell(by[lk + '/blocking/anyio'])} |"
+                    f"| {lk} | {_cell(by[lk + '/blocking/rct'])} | {_cell(by[lk + '/blocking/loopbridge'])} | {_cell(by.get(lk + '/blocking/loopbridge-eager'))} | {_cell(by.get(lk + '/blocking/anyio'))} |"
                 )
         lines.append("")
     srows = [r for r in rows if r["group"] == "streams"]
@@ -682,6 +742,19 @@ def markdown(
                 lines.append(
                     f"| {lk} | {d['median_us']:.3f} | {p['median_us']:.3f} | {p['added_us']:+.3f} |"
                 )
+        lines.append("")
+    trows = [r for r in rows if r["group"] == "threads"]
+    if trows:
+        lines += [
+            f"### Caller threads into one owner loop, {THREAD_TASKS} tasks each (ratio vs one thread)",
+            "",
+            "| loop | threads | µs per call (ratio) | calls per second |",
+            "|---|---|---|---|",
+        ]
+        for r in trows:
+            lines.append(
+                f"| {r['loop']} | {r['threads']} | {_cell(r)} | {1e6 / r['median_us']:,.0f} |"
+            )
         lines.append("")
     woken = [r for r in rows if "owner_wakes_per_op" in r]
     if woken:
@@ -735,7 +808,11 @@ def _positive(text: str) -> int:
     return v
 
 
-GROUPS = ("calls", "blocking", "streams", "same-loop")
+GROUPS = ("calls", "blocking", "streams", "same-loop", "threads")
+#: What a run without --only measures.
+DEFAULT_GROUPS = ("calls", "blocking", "streams", "same-loop")
+#: Caller tasks per caller thread in the threads group.
+THREAD_TASKS = 16
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -791,8 +868,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--only",
-        default=",".join(GROUPS),
-        help=f"groups to run, comma-separated (default {','.join(GROUPS)})",
+        default=",".join(DEFAULT_GROUPS),
+        help=f"groups to run, comma-separated, of {','.join(GROUPS)} (default {','.join(DEFAULT_GROUPS)})",
+    )
+    ap.add_argument(
+        "--caller-threads",
+        type=_ints,
+        default=[1, 2, 4],
+        help="caller threads of the threads group, comma-separated (default 1,2,4; the first is the baseline)",
     )
     ap.add_argument(
         "--match",
@@ -877,6 +960,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.concurrency,
         args.windows,
         args.queue_size,
+        args.caller_threads,
     )
     envs = [Env(kind, args.windows, args.count_wakes) for kind in args.loops]
     wakes: dict[str, list[tuple[int, int]]] | None = {} if args.count_wakes else None

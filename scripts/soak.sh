@@ -12,7 +12,8 @@
 # --out DIR  where results.txt and the logs of failed runs go (default soak, which
 #            is in git: commit it, and the count carries over to another machine)
 #
-# Needs the venvs of scripts/test-core-pythons.sh (.venv-core-<version>). Every run
+# Needs the venvs of scripts/test-core-pythons.sh (.venv-core-<version>; 3.13t, the
+# free-threaded build of scripts/build-python-ft.sh, runs with the GIL off). Every run
 # is two lines of DIR/results.txt, one when it starts and one when it ends, with
 # the identity of what it tested (the git trees of src/loopbridge and of the three
 # suites), the run's tag, and on the end line its exit status, time, the number of
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
 done
 suites=(tests/core tests/metrics tests/sanitizer)
 pythons=()
-for v in 3.10 3.11 3.12 3.13; do
+for v in 3.10 3.11 3.12 3.13 3.13t; do
     [ -x ".venv-core-$v/bin/python" ] && pythons+=("$v")
 done
 if [ ${#pythons[@]} -eq 0 ]; then
@@ -79,7 +80,9 @@ one_run() { # python version: run the suites once, append the result line
     start=$(date +%s)
     tag=run=$start-$BASHPID
     echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v started $tag" >>"$results"
-    ".venv-core-$v/bin/python" -m pytest "${suites[@]}" -m "not vllm and not sglang" \
+    local gil=() # the free-threaded build: without the GIL (a standard build refuses PYTHON_GIL=0)
+    [ "$v" != 3.13t ] || gil=(PYTHON_GIL=0)
+    env "${gil[@]}" ".venv-core-$v/bin/python" -m pytest "${suites[@]}" -m "not vllm and not sglang" \
         -q -p no:cacheprovider --timeout 300 >"$log" 2>&1
     rc=$?
     echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v rc=$rc $tag secs=$(($(date +%s) - start)) busy=$busy jobs=$jobs $(tail -n 1 "$log")" >>"$results"

@@ -8,12 +8,24 @@
 # tests/servers starts real PostgreSQL and Redis servers when the distribution's
 # packages are installed (.ci/run installs them), and skips saying so when not.
 # Arguments go to pytest. A Python that is not found is skipped with a line saying so.
+#
+# 3.13t is the free-threaded build scripts/build-python-ft.sh makes (cached under
+# .cache/python-ft; built first when LOOPBRIDGE_BUILD_FT=1, as .ci/run asks). It runs
+# the suites that do not need vLLM or SGLang's installs (core, metrics, sanitizer,
+# recipes and their servers, docs) with the GIL disabled (PYTHON_GIL=0). Its venv gets
+# each test and recipes package that has a wheel for it, one at a time (hypothesis
+# below 6.140, whose Rust extension has none); a recipe whose client has no wheel
+# there skips, naming it. LOOPBRIDGE_CORE_PYTHONS picks versions (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tests that need vLLM or SGLang (marked so by tests/conftest.py) run in the engines'
 # lanes instead; these venvs have neither, so those suites are not even collected.
-find_python() { # on PATH, else a pyenv-installed version
+find_python() { # on PATH, else a pyenv-installed version (3.13t: the cached build)
     local v=$1 cand
+    if [ "$v" = 3.13t ] && [ -x .cache/python-ft/3.13t/bin/python3.13t ]; then
+        echo "$PWD/.cache/python-ft/3.13t/bin/python3.13t"
+        return
+    fi
     if command -v "python$v" >/dev/null 2>&1 && "python$v" -c "import sys" >/dev/null 2>&1; then
         echo "python$v"
         return
@@ -25,9 +37,27 @@ find_python() { # on PATH, else a pyenv-installed version
         fi
     done
 }
+ft_install() { # venv: loopbridge, then each test and recipes package that installs there
+    local venv=$1 req missing=()
+    flock .cache/setup-editable.lock "$venv/bin/python" -m pip install -q -e ".[trio,uvloop,prometheus]" ||
+        return 1
+    while read -r req; do
+        [ -n "$req" ] || continue
+        PIP_ONLY_BINARY=:all: "$venv/bin/python" -m pip install -q "$req" "hypothesis<6.140" ||
+            missing+=("$req")
+    done < <("$venv/bin/python" scripts/_dependency_groups.py test recipes)
+    echo "no wheel for this free-threaded Python: ${missing[*]:-none}" | tee "$venv/missing-wheels.txt"
+}
+
+ft_suites=(tests/core tests/metrics tests/sanitizer tests/recipes tests/servers tests/docs
+    tests/adapters/test_free_threaded.py)
 ran=0
 failed=()
-for v in 3.10 3.11 3.12 3.13; do
+for v in ${LOOPBRIDGE_CORE_PYTHONS:-3.10 3.11 3.12 3.13 3.13t}; do
+    if [ "$v" = 3.13t ] && [ "${LOOPBRIDGE_BUILD_FT:-0}" = 1 ]; then
+        # Cached, or built now (or waited for: .ci/run starts the build beside the lanes).
+        bash scripts/build-python-ft.sh || echo "== the free-threaded build failed (log: .cache/python-ft/build.log)"
+    fi
     py=$(find_python "$v")
     if [ -z "$py" ]; then
         echo "== Python $v not found: skipped"
@@ -44,16 +74,26 @@ for v in 3.10 3.11 3.12 3.13; do
     mkdir -p .cache
     {
         "$venv/bin/python" -m pip install -q --upgrade "pip>=25.1" &&
-            flock .cache/setup-editable.lock "$venv/bin/python" -m pip install -q \
-                -e ".[trio,uvloop,prometheus]" --group test --group recipes
+            if [ "$v" = 3.13t ]; then
+                ft_install "$venv"
+            else
+                flock .cache/setup-editable.lock "$venv/bin/python" -m pip install -q \
+                    -e ".[trio,uvloop,prometheus]" --group test --group recipes
+            fi
     } >"$log" 2>&1 || {
         tail -n 30 "$log"
         echo "== Python $v: installing loopbridge failed (log: $log)" >&2
         exit 1
     }
     echo "== $("$venv/bin/python" --version)"
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout 300 tests \
-        -m "not vllm and not sglang" "$@" || failed+=("$v")
+    if [ "$v" = 3.13t ]; then
+        cat "$venv/missing-wheels.txt"
+        PYTHON_GIL=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout 300 \
+            "${ft_suites[@]}" -m "not vllm and not sglang" "$@" || failed+=("$v")
+    else
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout 300 tests \
+            -m "not vllm and not sglang" "$@" || failed+=("$v")
+    fi
     ran=$((ran + 1))
 done
 echo "== core tests ran on $ran Python version(s)"

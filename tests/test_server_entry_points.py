@@ -17,6 +17,16 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from loopbridge_adapters.free_threaded import FREE_THREADED
+
+if FREE_THREADED:
+    pytest.skip(
+        "vLLM and SGLang do not support a free-threaded Python yet: their adapters refuse it",
+        allow_module_level=True,
+    )
+
 from loopbridge_sglang import server as sglang_server
 from loopbridge_vllm import server as vllm_server
 

@@ -10,8 +10,8 @@ one is checked where its absence would otherwise go unnoticed:
   talks to it.
 
 A missing internal raises :class:`UnsupportedRuntime` naming it, never a silent
-fallback to a slower or subtly different path.  Supported: CPython 3.10 to 3.13,
-stock asyncio and uvloop (uvloop's loops are used only through public methods),
+fallback to a slower or subtly different path.  Supported: CPython 3.10 to 3.13
+(3.13t, the free-threaded build, with the GIL on or off), stock asyncio and uvloop (uvloop's loops are used only through public methods),
 trio (public ``trio.lowlevel`` API only).
 """
 
@@ -22,6 +22,7 @@ import asyncio.selector_events
 import collections
 import itertools
 import sys
+import sysconfig
 import threading
 from collections.abc import Callable
 from typing import Protocol, TypeVar
@@ -31,7 +32,7 @@ from ._errors import UnsupportedRuntime
 __all__ = [
     "UnsupportedRuntime",
     "gil_enabled",
-    "check_gil",
+    "FREE_THREADED",
     "get_running_loop",
     "counter_value",
     "is_stock_loop",
@@ -68,23 +69,11 @@ def gil_enabled() -> bool:
     return True if is_gil_enabled is None else bool(is_gil_enabled())
 
 
-def check_gil() -> None:
-    """Refuse a free-threaded interpreter running with the GIL disabled.
+#: A free-threaded build (``--disable-gil``), whether or not its GIL is on now.
+#: Nothing in the core depends on it: every cross-thread handshake is safe without
+#: the GIL (docs/concepts.md lists what makes each one so).
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
-    The cross-thread handshakes (docs/concepts.md lists each) are lock-free and
-    rely on the GIL for atomic, ordered reads and writes; without it they would
-    fail silently and rarely, which is worse than not starting.
-    """
-    if not gil_enabled():
-        raise UnsupportedRuntime(
-            f"loopbridge needs the GIL, and this free-threaded Python {_VERSION} runs with it "
-            "disabled: its cross-thread handshakes (the settle latch, port wake-ups, the "
-            "parked flags, the credit window) are lock-free and rely on the GIL for atomicity "
-            "and ordering. Run with PYTHON_GIL=1 (or -X gil=1) to turn the GIL on"
-        )
-
-
-check_gil()
 
 require(
     callable(getattr(asyncio, "_get_running_loop", None)),
@@ -115,7 +104,11 @@ check_counter_repr()
 
 
 def counter_value(counter: itertools.count[int]) -> int:
-    """Current value of an ``itertools.count`` without advancing it."""
+    """Current value of an ``itertools.count`` without advancing it.
+
+    ``repr`` reads the count's one machine word, which ``next()`` changes by a
+    compare-and-swap on a free-threaded build: an aligned word, read whole on
+    the 64-bit platforms that build runs on (a value a moment old at worst)."""
     return int(repr(counter)[6:-1])
 
 

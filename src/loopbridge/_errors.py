@@ -132,7 +132,7 @@ class OwnerLoopClosed(RuntimeError):
 class UnsupportedRuntime(RuntimeError):
     """This Python or event loop lacks something loopbridge's guarantees rest on.
 
-    Raised at import (a process-wide fact, such as a free-threaded build) or when
+    Raised at import (a process-wide fact, such as a missing CPython internal) or when
     loopbridge first talks to a loop (a per-loop fact), never as a silent
     fallback.  The message names what is missing and why it is needed.
     """

@@ -4,11 +4,14 @@ Each loop-affine object has one :class:`Metrics` (shared by all its proxies).  T
 hot path must stay far below the cost of a cross-thread hop (about 20 µs), so
 recording is split:
 
-* counters are ``itertools.count`` objects: ``next()`` is atomic under the GIL,
-  exact from any number of threads, and costs about 40 ns;
-* latencies are appended as raw samples to a ``deque`` (an atomic append) and
-  folded into histogram buckets in batches, by whichever thread pushes the
-  batch over its size, or by a reader.
+* counters are ``itertools.count`` objects: ``next()`` is atomic under the GIL
+  and a compare-and-swap on a free-threaded build, exact from any number of
+  threads, and costs about 40 ns;
+* latencies are appended as raw samples to a ``deque`` (an atomic append: under
+  the deque's own lock on a free-threaded build) and folded into histogram
+  buckets in batches, by whichever thread pushes the batch over its size, or by
+  a reader; folds and reads hold ``_lock``, and a histogram is touched only
+  under it (a lock off the hot path: taken once per batch or read).
 
 Latencies are split where the time goes:
 
@@ -436,7 +439,8 @@ _retired_lock = threading.Lock()
 
 def _retire(ref: weakref.ref[Metrics]) -> None:
     # A weakref callback can run inside any allocation, even one made while a
-    # lock below is held: do nothing here but atomic moves.
+    # lock below is held: do nothing here but atomic moves (a dict.pop and a
+    # deque.append, each under its container's own lock on a free-threaded build).
     entry = _live.pop(ref, None)
     if entry is not None:
         _dead.append(entry)

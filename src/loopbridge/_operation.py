@@ -27,12 +27,17 @@ Invariants:
   settlement (or to its move to a new owner after a transfer), so owner death
   fails it instead of leaving it waiting.
 * an operation the owner has not started is never started once its caller
-  gave up on it (the *withdrawal handshake*, GIL-ordered, no lock): the caller
+  gave up on it (the *withdrawal handshake*, no lock of ours): the caller
   writes ``cancel`` (``REQUESTED``) and then reads ``t_start``; the owner's
   :func:`start_on_owner` writes ``t_start`` and then reads ``cancel``.  One of
   the two always sees the other's write: a caller that reads ``t_start`` as
   0.0 has taken the operation back (the owner will read ``REQUESTED`` and not
   start it), and one that reads it set waits for the owner side's cancel.
+  With the GIL the steps are ordered; on a free-threaded build both fields are
+  the operation's own attributes, and each write takes the operation's lock:
+  the side that takes it second sees the other's write.  The same holds for
+  every flag protocol on one operation (``outcome`` against ``parked`` and
+  ``waker``: see :mod:`loopbridge._wakers`).
 """
 
 from __future__ import annotations
@@ -272,7 +277,9 @@ class Operation:
             return False  # never submitted: nothing runs anywhere
         asked = self.cancel is REQUESTED  # by a dropped stream, say: posted already
         self.cancel_msg = msg
-        self.cancel = REQUESTED  # written before t_start is read: the withdrawal handshake
+        # Written before t_start is read: the withdrawal handshake (the op's lock on a
+        # free-threaded build, taken by start_on_owner's t_start write too).
+        self.cancel = REQUESTED
         if _interleave.hook is not None:
             _interleave.hook("give_up.cancel_written")
         if not self.t_start:
@@ -322,14 +329,18 @@ class Operation:
             if owner is None:
                 return
             # Port.leave's statements, to save its frame once per operation
-            # (tests/core/test_one_definition.py compares the two).
+            # (tests/core/test_one_definition.py compares the two): one dict.pop,
+            # atomic under the dict's own lock on a free-threaded build.
             if owner.inflight.pop(self, ABSENT) is ABSENT:
                 return
             if _interleave.hook is not None:
                 _interleave.hook("settle.latched")
         self.value = value
         self.t_end = _perf()
-        self.outcome = outcome  # last: readers on other threads test it first
+        # Last: readers on other threads test it first.  On a free-threaded build
+        # the store publishes with release order (and under the op's lock): a
+        # reader that sees it sees the value, and the flags read below come after.
+        self.outcome = outcome
         next(self.counters.outcome[outcome])
         if self.always_woken:  # a call: an attribute test, not a frame per call
             self.waker.wake(self)
@@ -398,7 +409,7 @@ def start_on_owner(op: Operation) -> None:
         return
     # The withdrawal handshake (see the module): t_start written, then cancel
     # read; a caller that gave up before this read has taken the call back.
-    op.t_start = _perf()
+    op.t_start = _perf()  # under the op's lock on a free-threaded build: see the module
     if op.cancel is REQUESTED:
         op.t_start = 0.0  # it never started: no admission latency is recorded
         op.settle(CANCELLED, asyncio.CancelledError(op.cancel_msg))
@@ -563,7 +574,7 @@ def check_queued(stream: Any, here: Port) -> None:
     thread waits.  (A stream's work runs between waits too, so its calls to
     ``here`` can be in before the wait begins; those made during the wait are
     refused by :func:`check_submission`.)"""
-    for op in tuple(here.inflight):  # a copy: other threads add and remove
+    for op in list(here.inflight):  # a copy, made under the dict's lock: others add, remove
         if not isinstance(op, Operation) or op.outcome is not PENDING:
             continue
         made_by = op.ctx.get(chain, ())

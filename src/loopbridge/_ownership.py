@@ -168,7 +168,10 @@ class Ownership:
     def set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             kept = _still_running(self, self.owner, self._port)
-            self.owner = Owner(loop, kept)  # one store: readers see the old record or the new
+            # One store of an immutable record, built before it is published: readers
+            # (no lock) see the old record or the new, whole (free-threaded build:
+            # the store has release order; an old port they still read is re-routed).
+            self.owner = Owner(loop, kept)
             self._port = None
 
 
@@ -211,7 +214,7 @@ def _still_running(
             if task is not None:
                 kept[task] = loop
         if port is not None and port.loop is loop:
-            for op in tuple(port.inflight):  # a copy: other threads add and remove
+            for op in list(port.inflight):  # a copy, made under the dict's lock: others add, remove
                 task = getattr(op, "task", None)
                 opts = getattr(op, "opts", None)
                 mine = getattr(opts, "ownership", None) is ownership

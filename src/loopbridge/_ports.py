@@ -26,8 +26,11 @@ Each transition has one function:
   leaves ``IDLE`` as it is);
 * :meth:`Port._drain`: ``SCHEDULED`` to ``IDLE``, when the drain begins.
 
-Three rules keep wake-ups rare without ever losing one (all rely on the GIL making
-``deque.append``/``popleft`` and attribute reads and writes atomic and ordered):
+Three rules keep wake-ups rare without ever losing one (with the GIL, because
+``deque.append``/``popleft`` and attribute reads and writes are atomic and ordered;
+on a free-threaded build, because each append, pop and attribute write takes its
+object's own lock, so of two threads the one that takes a shared object's lock
+second sees what the other wrote before taking it; each line says which):
 
 * the poster appends *before* it tests ``wake_state``;
 * the drain sets ``IDLE`` *before* it pops;
@@ -221,6 +224,8 @@ class Port:
         The ``IDLE`` transitions: to ``SCHEDULED`` (the wake is sent now), or to
         ``OWED`` when the posting loop has more ready work (see the module).
         """
+        # One deque.append (under the inbox's lock on a free-threaded build), then
+        # wake_state read: a drain whose locked pop came first wrote IDLE before it.
         self._inbox.append((fn, arg))
         if _interleave.hook is not None:
             _interleave.hook("post.appended")
@@ -243,6 +248,8 @@ class Port:
     def _owe(self, debtor: Port, here: Any) -> None:
         """``SCHEDULED`` (just claimed by a post) to ``OWED``: ``debtor``'s loop,
         running ``here`` on this thread, sends the wake from its flush."""
+        # The debtor, then OWED: each store takes the port's lock and publishes with
+        # release order on a free-threaded build, so a reader that sees OWED sees it.
         self.debtor = debtor
         self.wake_state = OWED
         outgoing = debtor._outgoing
@@ -291,14 +298,26 @@ class Port:
             _interleave.hook("drain.flag_cleared")
         self.thread_id = _get_ident()
         inbox = self._inbox
-        for _ in range(len(inbox)):
+        # The batch is counted after a pop, not before: popleft takes the inbox's
+        # lock on a free-threaded build (len() reads without it), so every append
+        # that took that lock before is counted, and a later one's poster reads
+        # wake_state after IDLE was written (free-threaded build: docs/concepts.md).
+        try:
             fn, arg = inbox.popleft()
+        except IndexError:
+            return  # a drain that finds nothing
+        left = len(inbox)
+        while True:
             try:
                 fn(arg)
             except BaseException as exc:  # never lose the rest of the batch
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
                 self._report(exc)
+            if not left:
+                return
+            left -= 1
+            fn, arg = inbox.popleft()
 
     def _report(self, exc: BaseException) -> None:
         """A posted callback raised: the loop's exception handler, else the log."""
@@ -314,6 +333,9 @@ class Port:
         """Register ``op`` as in flight towards this loop and post its start."""
         if self.dead is not None:
             raise _fresh(self.dead)
+        # A dict setitem, then ``dead`` read; die() writes ``dead``, then copies the
+        # dict. Both dict operations take its lock (free-threaded build): whichever
+        # is second sees the other's write (the copy sees op, or this read sees dead).
         self.inflight[op] = None
         if _interleave.hook is not None:
             _interleave.hook("submit.registered")
@@ -331,6 +353,8 @@ class Port:
         ``Operation.settle`` repeats these statements to save a frame per
         operation; tests/core/test_one_definition.py compares the two.
         """
+        # One dict.pop: atomic under the GIL, and under the dict's own lock on a
+        # free-threaded build; either way exactly one caller gets op back.
         if self.inflight.pop(op, ABSENT) is ABSENT:
             return False
         if _interleave.hook is not None:
@@ -345,7 +369,7 @@ class Port:
         flush ran (any thread: everyone who waits on this port asks this).
         """
         if self.wake_state is OWED:
-            debtor = self.debtor
+            debtor = self.debtor  # read after OWED: written before it (see _owe)
             if debtor is not None and (debtor.dead is not None or not debtor.is_running()):
                 self._send_wake()
         if self.dead is not None:
@@ -382,7 +406,7 @@ class Port:
         with _registry_lock:
             if _ports.get(self.loop) is self:
                 del _ports[self.loop]
-        for op in list(self.inflight):
+        for op in list(self.inflight):  # copied under the dict's lock: see submit()
             if self.leave(op):
                 try:
                     op.owner_died(_for_operation(op, exc))
@@ -512,6 +536,8 @@ IDLE, SCHEDULED, OWED = Wake.IDLE, Wake.SCHEDULED, Wake.OWED  # one load each
 _get_ident = threading.get_ident
 ABSENT = object()  # what dict.pop returns for an operation not (or no longer) in flight
 _ATTR = PORT_ATTR = "_loopbridge_port"
+# Registries: written under _registry_lock; read without it by single dict and set
+# operations, each atomic (under the container's own lock on a free-threaded build).
 _registry_lock = threading.Lock()
 _ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
 _retired: weakref.WeakSet[Any] = weakref.WeakSet()

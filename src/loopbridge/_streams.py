@@ -27,9 +27,15 @@ consumer took every item, cancelled (and a consumer close, for ``aclose()`` /
 ``close()``) if it left items untaken.  Whichever of the two sides comes second
 counts it (``Channel.end_latch``).
 
-Flag protocol (GIL-ordered, no lock): the side that parks sets its waiter, then
+Flag protocol (no lock of ours): the side that parks sets its waiter, then
 its ``parked`` flag, then re-checks the condition; the side that makes progress
 changes the condition, then tests the flag.  One of the two always sees the other.
+With the GIL, because its steps are ordered; on a free-threaded build, because
+each side writes an attribute of the channel between its change and its test (the
+consumer ``parked``, the pump ``produced`` after its append, the owner's settle
+``outcome``, the consumer's ack ``acked``, the pump ``producer_parked``), and each
+such write takes the channel's own lock: whichever side takes it second sees what
+the other did before it.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ class Channel(Operation):
         "taken",
         "producer_parked",
         "producer_waiter",
+        "produced",
         "counted",
         "agen",
         "t_parked",
@@ -118,6 +125,9 @@ class Channel(Operation):
         self.taken = 0  # items the consumer has taken (consumer side)
         self.producer_parked = False
         self.producer_waiter: asyncio.Future[None] | None = None
+        # Items the pump has put in the buffer (its own count, published per item:
+        # see the flag protocol in the module).
+        self.produced = 0
         # Metrics and hang dumps only: items already counted as delivered, the
         # generator, when the consumer last parked.
         self.counted = 0
@@ -137,7 +147,7 @@ class Channel(Operation):
     def count_unread(self) -> None:
         """Count the items read ahead that the consumer will never take (once)."""
         try:
-            self.unread_latch.pop()
+            self.unread_latch.pop()  # atomic: under the list's lock on a free-threaded build
         except IndexError:
             return
         if self.buf:
@@ -168,6 +178,7 @@ class Channel(Operation):
             "buffered": len(self.buf),
             "consumer_parked": self.parked,
             "producer_parked": self.producer_parked,
+            "produced": self.produced,
         }
 
     # -- consumer side ---------------------------------------------------------
@@ -206,6 +217,9 @@ class Channel(Operation):
 
     def ack(self, taken: int) -> None:
         """Publish consumption; wake the producer if it waits for credit."""
+        # One attribute store (a whole int: readers see old or new), then the flag
+        # test; the pump writes producer_parked, then reads acked: both under the
+        # channel's lock on a free-threaded build (see the module).
         self.acked = taken
         if self.producer_parked:
             self.producer_parked = False
@@ -275,6 +289,8 @@ class Channel(Operation):
     def park_begins(self) -> bool:
         """Raise the consumer's flag; False when there is no need to wait after all."""
         self.t_parked = _perf()
+        # Under the channel's lock on a free-threaded build, as the pump's store of
+        # ``produced`` after its append and settle's of ``outcome``: see the module.
         self.parked = True
         if self.buf or self.outcome is not PENDING:
             self.parked = False
@@ -292,7 +308,10 @@ async def _pump(ch: Channel, loop: asyncio.AbstractEventLoop) -> None:
     try:
         async for item in agen:
             buf.append(item)
-            produced += 1
+            # Published on the channel between the append and the flag test: on a
+            # free-threaded build this store takes the channel's lock, which the
+            # consumer's write of ``parked`` takes too (the flag protocol).
+            ch.produced = produced = produced + 1
             if ch.parked:
                 ch.parked = False
                 ch.waker.wake(ch)
@@ -337,7 +356,10 @@ async def _pump_on_demand(ch: Channel, loop: asyncio.AbstractEventLoop) -> None:
             except StopAsyncIteration:
                 break
             buf.append(item)
-            produced += 1
+            # Published on the channel between the append and the flag test: on a
+            # free-threaded build this store takes the channel's lock, which the
+            # consumer's write of ``parked`` takes too (the flag protocol).
+            ch.produced = produced = produced + 1
             if ch.parked:
                 ch.parked = False
                 ch.waker.wake(ch)

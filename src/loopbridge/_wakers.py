@@ -29,9 +29,13 @@ On an asyncio loop, ``park`` is the port's own :meth:`~loopbridge._ports.Port.pa
 :func:`~loopbridge._ports.unpark_waiter`: a call arms, parks and is woken
 without a Python frame of this module.
 
-Flag protocol (GIL-ordered, no lock): the waiting side arms its waiter, raises
+Flag protocol (no lock of ours): the waiting side arms its waiter, raises
 ``op.parked``, then re-checks its condition; the settling side changes the
-condition, then tests the flag.  One of the two always sees the other.
+condition, then tests the flag.  One of the two always sees the other: with the
+GIL because the steps are ordered; on a free-threaded build because the flag and
+the condition (``outcome``) are attributes of one operation, each write takes
+that operation's lock, and the side that takes it second sees the other's write
+(a waiter written before the flag is published with it: release order).
 """
 
 from __future__ import annotations
@@ -267,7 +271,7 @@ def _rounds(
             elif now - op.probed >= UNRESPONSIVE_S:
                 return  # the owner loop does not run: its cancel goes on without us
             op.waiter = waker.new_waiter()
-            op.parked = True
+            op.parked = True  # under op's lock (free-threaded), as settle's outcome write
             if op.outcome is not PENDING:
                 return
             yield min(LIVENESS_INTERVAL, remaining, op.probed + UNRESPONSIVE_S - now)
@@ -299,7 +303,8 @@ class _Left:
 
     def __init__(self, waker: Any) -> None:
         # One item: the first of the caller and the settling side to pop it
-        # owns the outcome (list.pop is atomic); the other finds it empty.
+        # owns the outcome (list.pop is atomic: under the list's own lock on a
+        # free-threaded build); the other finds it empty.
         self.claim = [True]
         self.label = f"{waker.label} (gone)"
         self.thread_id = waker.thread_id
@@ -319,9 +324,10 @@ def leave(op: Operation) -> bool:
     what ``op`` settles with later is counted, not delivered.  False: ``op``
     settled meanwhile, and the caller takes its outcome.
 
-    GIL-ordered: the caller writes ``op.waker`` then reads the outcome; a
-    settle writes the outcome then reads ``op.waker``.  When both see the
-    other, the claim decides.
+    The caller writes ``op.waker`` then reads the outcome; a settle writes the
+    outcome then reads ``op.waker``.  One sees the other: with the GIL, by order;
+    on a free-threaded build, both are writes to the operation, each under its
+    lock.  When both see the other, the claim decides.
     """
     left = _Left(op.waker)
     op.waker = left

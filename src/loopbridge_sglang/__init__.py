@@ -13,6 +13,7 @@ Importing this package does not import SGLang.
 
 from __future__ import annotations
 
+from loopbridge_adapters.free_threaded import refuse_free_threaded as _refuse_free_threaded
 from loopbridge_adapters.public_names import publish as _publish
 
 from .manager import (
@@ -39,3 +40,9 @@ __all__ = [
     "tokenizer_manager_proxy",
 ]
 _publish(__name__, globals())
+
+# Last: what this package holds imports no engine, and on a free-threaded build the
+# engine cannot load (loopbridge_adapters.free_threaded).
+_refuse_free_threaded(
+    "loopbridge_sglang", "SGLang", "its compiled dependencies publish no free-threaded wheels"
+)

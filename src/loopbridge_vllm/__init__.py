@@ -17,6 +17,7 @@ processes for the two plugins it registers (``loopbridge_vllm._cpu_platform``,
 
 from __future__ import annotations
 
+import sysconfig
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -82,3 +83,15 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+# vLLM cannot load on a free-threaded build (loopbridge_adapters.free_threaded): say so
+# at once, in one line. A standard build imports nothing more here.
+if sysconfig.get_config_var("Py_GIL_DISABLED"):
+    from loopbridge_adapters.free_threaded import refuse_free_threaded
+
+    refuse_free_threaded(
+        "loopbridge_vllm",
+        "vLLM",
+        "its wheels are cp38-abi3, which a free-threaded interpreter cannot load",
+    )

@@ -85,6 +85,19 @@ def test_bench_bridge_tiny_run(tmp_path: Path) -> None:
     assert table.strip() in proc.stdout
 
 
+def test_bench_bridge_caller_threads_group(tmp_path: Path) -> None:
+    out = tmp_path / "threads.json"
+    cmd = [sys.executable, str(BENCH_BRIDGE), "--only", "threads", "--loops", "asyncio"]
+    cmd += ["--caller-threads", "1,2", "--calls", "64", "--reps", "2", "--quiet"]
+    proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["key"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"asyncio/threads/t1", "asyncio/threads/t2"}
+    assert rows["asyncio/threads/t2"]["baseline"] == "asyncio/threads/t1"
+    assert all(x > 0 for r in rows.values() for x in r["samples_us"])
+    assert "Caller threads into one owner loop" in proc.stdout
+
+
 def test_bench_bridge_rejects_bad_sizes() -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCH_BRIDGE), "--concurrency", "0"],

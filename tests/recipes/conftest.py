@@ -34,7 +34,9 @@ import pytest
 
 import loopbridge as lb
 
-uvicorn = pytest.importorskip("uvicorn", reason="the recipes group is not installed")
+uvicorn = pytest.importorskip(
+    "uvicorn", reason="uvicorn is not installed (dependency group: recipes)"
+)
 T = TypeVar("T")
 
 CALLERS = ["asyncio", "uvloop", "trio"]
@@ -258,6 +260,6 @@ class GrpcServer:
 
 @pytest.fixture
 def grpc_server() -> Iterator[GrpcServer]:
-    pytest.importorskip("grpc", reason="the recipes group is not installed")
+    pytest.importorskip("grpc", reason="grpcio is not installed (dependency group: recipes)")
     with GrpcServer() as server:
         yield server

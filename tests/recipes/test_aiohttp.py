@@ -14,7 +14,9 @@ from .common import cancel_when, concurrently, from_threads
 from .conftest import CALLERS, HttpServer, owner_busy, run_in
 from .recipe import load_recipe
 
-aiohttp = pytest.importorskip("aiohttp", reason="the recipes group is not installed")
+aiohttp = pytest.importorskip(
+    "aiohttp", reason="aiohttp is not installed (dependency group: recipes)"
+)
 recipe = load_recipe("aiohttp")
 
 

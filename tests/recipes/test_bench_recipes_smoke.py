@@ -18,8 +18,13 @@ SRC = str(Path(loopbridge.__file__).resolve().parent.parent)
 
 
 def test_bench_recipes_runs() -> None:
-    for name in ("httpx", "aiohttp", "grpc", "uvicorn"):
-        pytest.importorskip(name, reason="the recipes group is not installed")
+    for name, dist in (
+        ("httpx", "httpx"),
+        ("aiohttp", "aiohttp"),
+        ("grpc", "grpcio"),
+        ("uvicorn", "uvicorn"),
+    ):
+        pytest.importorskip(name, reason=f"{dist} is not installed (dependency group: recipes)")
     args = ["--calls", "32", "--reps", "1", "--workers", "4", "--concurrency", "4"]
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_recipes.py"), *args],

@@ -21,7 +21,7 @@ import loopbridge as lb
 from .common import from_threads
 from .conftest import HttpServer
 
-pytest.importorskip("httpx", reason="the recipes group is not installed")
+pytest.importorskip("httpx", reason="httpx is not installed (dependency group: recipes)")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

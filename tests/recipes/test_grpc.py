@@ -15,7 +15,7 @@ from .common import cancel_when, concurrently, from_threads
 from .conftest import CALLERS, GrpcServer, owner_busy, run_in
 from .recipe import load_recipe
 
-grpc = pytest.importorskip("grpc", reason="the recipes group is not installed")
+grpc = pytest.importorskip("grpc", reason="grpcio is not installed (dependency group: recipes)")
 recipe = load_recipe("grpc")
 
 

@@ -14,7 +14,7 @@ from .common import cancel_when, concurrently, from_threads
 from .conftest import CALLERS, HttpServer, owner_busy, run_in
 from .recipe import load_recipe
 
-httpx = pytest.importorskip("httpx", reason="the recipes group is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx is not installed (dependency group: recipes)")
 recipe = load_recipe("httpx")
 
 

@@ -22,8 +22,10 @@ import loopbridge as lb
 
 from .conftest import CALLERS, HttpServer, run_in
 
-httpx = pytest.importorskip("httpx", reason="the recipes group is not installed")
-aiohttp = pytest.importorskip("aiohttp", reason="the recipes group is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx is not installed (dependency group: recipes)")
+aiohttp = pytest.importorskip(
+    "aiohttp", reason="aiohttp is not installed (dependency group: recipes)"
+)
 
 LINES = [f"line {i}" for i in range(50)]
 FACES = [*CALLERS, "thread"]

@@ -187,7 +187,9 @@ def _recording_transport(where: Where) -> Any:
 
 
 def _httpx_client(owner: lb.LoopThread) -> Callable[[Declarations, Where], Any]:
-    httpx = pytest.importorskip("httpx")
+    httpx = pytest.importorskip(
+        "httpx", reason="httpx is not installed (dependency group: recipes)"
+    )
 
     def make(decl: Declarations, where: Where) -> Any:
         async def build() -> Any:
@@ -266,7 +268,9 @@ def test_httpx_iter_lines_advises_its_async_twin(
 def test_aiohttp_streamed_response(owner: lb.LoopThread, http_server: HttpServer) -> None:
     """From a bare ``adopt(session)``, the advice alone leads to a session whose
     requests, responses and body streams run on the owner, from every caller."""
-    aiohttp = pytest.importorskip("aiohttp")
+    aiohttp = pytest.importorskip(
+        "aiohttp", reason="aiohttp is not installed (dependency group: recipes)"
+    )
     url = f"{http_server.url}/lines/3"
     want = [b"line 0\n", b"line 1\n", b"line 2\n"]
 
@@ -301,7 +305,7 @@ def test_aiohttp_streamed_response(owner: lb.LoopThread, http_server: HttpServer
 # ------------------------------------------------------------------------ gRPC
 def test_grpc_stream(owner: lb.LoopThread, grpc_server: GrpcServer) -> None:
     """A stub adopted bare: the advice leads to server streams read on the owner."""
-    grpc = pytest.importorskip("grpc")
+    grpc = pytest.importorskip("grpc", reason="grpcio is not installed (dependency group: recipes)")
     recipe = pytest.importorskip("recipes.recipe").load_recipe("grpc")
 
     def make(decl: Declarations, where: Where) -> Any:
@@ -335,8 +339,14 @@ def test_grpc_stream(owner: lb.LoopThread, grpc_server: GrpcServer) -> None:
 def test_websockets_ping_and_latency(owner: lb.LoopThread) -> None:
     """``ping()`` gives a Future (uncovered: awaiting it is marshalled); ``latency``
     is data: its advice is ``stable=``, and the connection's I/O stays on the owner."""
-    ws_client = pytest.importorskip("websockets.asyncio.client")
-    ws_server = pytest.importorskip("websockets.asyncio.server")
+    ws_client = pytest.importorskip(
+        "websockets.asyncio.client",
+        reason="websockets is not installed (dependency group: recipes)",
+    )
+    ws_server = pytest.importorskip(
+        "websockets.asyncio.server",
+        reason="websockets is not installed (dependency group: recipes)",
+    )
 
     async def echo(conn: Any) -> None:
         async for message in conn:

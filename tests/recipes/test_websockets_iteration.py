@@ -28,7 +28,9 @@ import loopbridge.metrics
 
 from .conftest import run_in
 
-websockets = pytest.importorskip("websockets", reason="websockets is not installed")
+websockets = pytest.importorskip(
+    "websockets", reason="websockets is not installed (dependency group: recipes)"
+)
 from websockets.asyncio.client import ClientConnection, connect  # noqa: E402
 from websockets.asyncio.server import serve  # noqa: E402
 

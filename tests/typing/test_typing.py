@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-mypy_api = pytest.importorskip("mypy.api")
+mypy_api = pytest.importorskip("mypy.api", reason="mypy is not installed (dependency group: test)")
 
 HERE = Path(__file__).resolve().parent
 CASES = HERE / "cases"

@@ -55,7 +55,8 @@ from . import _sites
 from ._report import Kind, SanitizerError, SanitizerReport, emitter
 from ._sites import Site
 
-# Read on every instrumented call; written under the package lock.
+# Read on every instrumented call; written under the package lock (one module
+# global: a reader sees the old value or the new, with or without the GIL).
 _active = False
 
 _get_running_loop = asyncio.events._get_running_loop
