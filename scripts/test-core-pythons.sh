@@ -56,7 +56,11 @@ failed=()
 for v in ${LOOPBRIDGE_CORE_PYTHONS:-3.10 3.11 3.12 3.13 3.13t}; do
     if [ "$v" = 3.13t ] && [ "${LOOPBRIDGE_BUILD_FT:-0}" = 1 ]; then
         # Cached, or built now (or waited for: .ci/run starts the build beside the lanes).
-        bash scripts/build-python-ft.sh || echo "== the free-threaded build failed (log: .cache/python-ft/build.log)"
+        if ! bash scripts/build-python-ft.sh; then
+            echo "== the free-threaded build failed (log: .cache/python-ft/build.log)" >&2
+            failed+=("3.13t (its build)")
+            continue
+        fi
     fi
     py=$(find_python "$v")
     if [ -z "$py" ]; then
