@@ -22,7 +22,6 @@ import asyncio.selector_events
 import collections
 import itertools
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable
 from typing import Protocol, TypeVar
@@ -32,7 +31,6 @@ from ._errors import UnsupportedRuntime
 __all__ = [
     "UnsupportedRuntime",
     "gil_enabled",
-    "FREE_THREADED",
     "get_running_loop",
     "counter_value",
     "is_stock_loop",
@@ -67,12 +65,6 @@ def gil_enabled() -> bool:
     """Whether the GIL is on (always, before free-threaded builds existed)."""
     is_gil_enabled = getattr(sys, "_is_gil_enabled", None)
     return True if is_gil_enabled is None else bool(is_gil_enabled())
-
-
-#: A free-threaded build (``--disable-gil``), whether or not its GIL is on now.
-#: Nothing in the core depends on it: every cross-thread handshake is safe without
-#: the GIL (docs/concepts.md lists what makes each one so).
-FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 
 require(

@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 import loopbridge as lb
-from loopbridge._compat import FREE_THREADED
+from loopbridge_adapters.free_threaded import FREE_THREADED
 
 BOUND = 10.0
 #: On a free-threaded build an object whose last reference another thread drops is

@@ -15,10 +15,11 @@ import ast
 import builtins
 import inspect
 import re
-import sysconfig
 from pathlib import Path
 
 import pytest
+
+from loopbridge_adapters.free_threaded import FREE_THREADED
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -71,7 +72,7 @@ def test_troubleshooting_names_every_error_type() -> None:
 
 
 @pytest.mark.skipif(
-    bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+    FREE_THREADED,
     reason="vLLM and SGLang do not support a free-threaded Python yet: their adapters refuse it",
 )
 def test_every_server_option_is_documented() -> None:
