@@ -12,14 +12,20 @@ each repetition, so drift in machine load hits both alike):
 
 Callers: ``threads`` (a pool of plain threads, as a WSGI server has) and
 ``loop`` (many concurrent tasks on one other asyncio loop).  The servers are a
-uvicorn app and an in-process ``grpc.aio`` server on loopback, as in the tests,
-on the same machine: the ratio is end to end, server included.
+uvicorn app and a ``grpc.aio`` server on loopback, in a child process of their
+own, as a real upstream is: in the client's process their work would share its
+GIL, and the GIL's hand-offs between server, owner loop and callers made the
+rate swing by 2x from one batch to the next.
 
-Each row also gives the process's CPU time per call (``cpu_us_per_call``,
-server included): on a busy machine throughput swings with what else runs,
-CPU per call much less, so read the two together.  ``crossings`` is how many
-times one request crosses to the owner loop each way (the baseline: once).
-The run records the load average at its start and end (``load``).
+A row's ``ratio`` is the median, over the repetitions, of loopbridge's rate
+divided by the baseline's in the same repetition (two batches back to back:
+what drift in the machine's speed touches least); ``ratio_range`` is their
+least and greatest.  Each row also gives the client process's CPU time per
+call (``cpu_us_per_call``): on a busy machine throughput swings with what else
+runs, CPU per call much less, so read the two together.  ``crossings`` is how
+many times one request crosses to the owner loop each way (the baseline:
+once).  The run records the load average at its start and end (``load``).
+``--pin`` keeps the client on one CPU and the servers on the others.
 
     python benchmarks/bench_recipes.py
     python benchmarks/bench_recipes.py --client grpc --callers loop --calls 5000 --reps 5
@@ -37,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import importlib.util
 import io
 import json
@@ -44,6 +51,7 @@ import os
 import pstats
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -120,6 +128,45 @@ class GrpcServer:
     def __exit__(self, *exc: object) -> None:
         self.loop.run(self.server.stop, None)
         self.loop.stop()
+
+
+def serve(kind: str) -> None:
+    """``--serve KIND`` (the benchmark's own child process): run that server, print
+    its address, and serve until standard input closes."""
+    if len(os.sched_getaffinity(0)) == 1:  # the parent pinned itself: take another CPU
+        others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
+        if others:
+            os.sched_setaffinity(0, others)
+    with Uvicorn() if kind == "http" else GrpcServer() as address:
+        print(address, flush=True)
+        sys.stdin.read()
+
+
+class ServerProcess:
+    """A server in a child process: its work does not share the client's GIL, as a
+    real upstream's does not (in one process, the GIL's hand-offs between server,
+    owner loop and callers made the rate swing by 2x between batches)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", self.kind],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        address = self.proc.stdout.readline().strip()
+        if not address:
+            raise SystemExit(f"the {self.kind} server did not start (exit {self.proc.wait()})")
+        return address
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
 
 
 # -------------------------------------------------------------------- clients
@@ -238,6 +285,7 @@ def measure(
 ) -> dict[str, Any]:
     def batch(fn: Callable[[], Any]) -> tuple[float, float]:
         """Calls per second, and process CPU seconds per call."""
+        gc.collect()  # no batch pays for garbage the one before it left
         cpu = time.process_time()
         if callers == "threads":
             rate = threads_batch(fn, args.calls, args.workers)
@@ -254,9 +302,15 @@ def measure(
             rows[name].append(batch(fn))
     rate = {k: statistics.median(r for r, _ in v) for k, v in rows.items()}
     cpu = {k: statistics.median(s for _, s in v) for k, v in rows.items()}
+    # Each repetition's two batches ran back to back: their ratio is what drift in
+    # the machine's speed touches least. The row's ratio is the median of those.
+    paired = [
+        lb[0] / base[0] for lb, base in zip(rows["loopbridge"], rows["run_coroutine_threadsafe"])
+    ]
     return {
         "calls_per_s": {k: round(v) for k, v in rate.items()},
-        "ratio": round(rate["loopbridge"] / rate["run_coroutine_threadsafe"], 2),
+        "ratio": round(statistics.median(paired), 2),
+        "ratio_range": [round(min(paired), 2), round(max(paired), 2)],
         "cpu_us_per_call": {k: round(v * 1e6) for k, v in cpu.items()},
     }
 
@@ -331,21 +385,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--client", choices=["httpx", "aiohttp", "grpc", "all"], default="all")
     ap.add_argument("--callers", choices=["threads", "loop", "both"], default="both")
-    ap.add_argument("--calls", type=int, default=2000, help="calls per batch")
-    ap.add_argument("--reps", type=int, default=3, help="batches per way (median reported)")
+    ap.add_argument("--calls", type=int, default=640, help="calls per batch")
+    ap.add_argument(
+        "--reps", type=int, default=9, help="batches per way (the median paired ratio reported)"
+    )
     ap.add_argument("--workers", type=int, default=16, help="threads, for --callers threads")
     ap.add_argument("--concurrency", type=int, default=64, help="tasks, for --callers loop")
     ap.add_argument("--profile", type=int, default=0, help="profile this many calls each way")
     ap.add_argument("--top", type=int, default=25, help="functions per profile")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="keep the process on one CPU (on small VMs, cross-CPU wake-ups switch between "
+        "a fast and a much slower mode for seconds at a time; the GIL makes pinning cheap)",
+    )
+    ap.add_argument("--serve", choices=["http", "grpc"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        return serve(args.serve)
+    if args.pin:  # before any thread starts
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     clients = ["httpx", "aiohttp", "grpc"] if args.client == "all" else [args.client]
     callers = ["threads", "loop"] if args.callers == "both" else [args.callers]
     results: dict[str, Any] = {}
     load = {"start": os.getloadavg()}
     print(f"load average at start: {load['start']}", flush=True)
     with (
-        Uvicorn() as url,
-        GrpcServer() as target,
+        ServerProcess("http") as url,
+        ServerProcess("grpc") as target,
         lb.LoopThread(name="client-owner", use_uvloop=False) as owner,
     ):
         for kind in clients:

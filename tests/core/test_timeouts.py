@@ -14,11 +14,11 @@ before this contract, each of these waited ``cancel_grace`` (5 s) more.
 
 from __future__ import annotations
 
-import _thread
 import asyncio
 import concurrent.futures
 import contextlib
 import re
+import signal
 import sys
 import threading
 import time
@@ -256,7 +256,7 @@ def test_ctrl_c_in_a_blocking_call_to_a_stuck_owner_returns_at_once(
     def interrupt() -> None:
         wait_until_waiting(main)  # the call is queued, and the main thread waits
         sent.append(time.perf_counter())
-        _thread.interrupt_main()
+        signal.pthread_kill(main.ident, signal.SIGINT)  # Ctrl-C: a real signal
 
     with stuck(asyncio_owner):
         helper = threading.Thread(target=interrupt, name="interrupter")
