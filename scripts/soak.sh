@@ -3,7 +3,7 @@
 # supported Pythons, beside busy processes, until each Python has passed --runs times
 # in a row on this core, or a STOP file appears in the output folder.
 #
-#   bash scripts/soak.sh [--runs N] [--busy K] [--jobs J] [--out DIR]
+#   bash scripts/soak.sh [--runs N] [--busy K] [--jobs J] [--out DIR] [--pythons "V ..."]
 #
 # --runs N   passes in a row wanted per Python (default 200)
 # --busy K   CPU-bound processes kept running beside the soak (default 2)
@@ -11,6 +11,7 @@
 #            6 gave the most runs a minute: about 2.9, against 2.3 with 3 and 2.7 with 8)
 # --out DIR  where results.txt and the logs of failed runs go (default soak, which
 #            is in git: commit it, and the count carries over to another machine)
+# --pythons  which of them (default: every one with a venv), e.g. --pythons 3.13t
 #
 # Needs the venvs of scripts/test-core-pythons.sh (.venv-core-<version>; 3.13t, the
 # free-threaded build of scripts/build-python-ft.sh, runs with the GIL off). Every run
@@ -24,13 +25,14 @@
 # soak was killed): it counts as neither, and the summary says how many there were.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-runs=200 busy=2 jobs=1 out=soak
+runs=200 busy=2 jobs=1 out=soak wanted="3.10 3.11 3.12 3.13 3.13t"
 while [ $# -gt 0 ]; do
     case $1 in
     --runs) runs=$2 ;;
     --busy) busy=$2 ;;
     --jobs) jobs=$2 ;;
     --out) out=$2 ;;
+    --pythons) wanted=$2 ;;
     *)
         echo "soak.sh: unknown option $1 (see the header of scripts/soak.sh)" >&2
         exit 2
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
 done
 suites=(tests/core tests/metrics tests/sanitizer)
 pythons=()
-for v in 3.10 3.11 3.12 3.13 3.13t; do
+for v in $wanted; do
     [ -x ".venv-core-$v/bin/python" ] && pythons+=("$v")
 done
 if [ ${#pythons[@]} -eq 0 ]; then

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from vllm_engines import start_engine
+from vllm_load import streams_in_flight
 
 from loopbridge_vllm import engine_client_proxy, shutdown_engine, start_openai_server
 from loopbridge_vllm.server import ExitReason
@@ -151,19 +152,7 @@ async def _stream(url: str, started: threading.Semaphore) -> str:
 
 def _start_streams(url: str, outcomes: list[str]) -> threading.Thread:
     """STREAMS streamed requests on a client thread; returns once each got a chunk."""
-    started = threading.Semaphore(0)
-
-    def clients() -> None:
-        async def main() -> None:
-            outcomes.extend(await asyncio.gather(*(_stream(url, started) for _ in range(STREAMS))))
-
-        asyncio.run(main())
-
-    load = threading.Thread(target=clients, name="stream-clients")
-    load.start()
-    for _ in range(STREAMS):
-        assert started.acquire(timeout=BOUND_S * 4)
-    return load
+    return streams_in_flight(STREAMS, lambda started: _stream(url, started), outcomes, BOUND_S)
 
 
 def test_owner_stop_mid_stream_stops_server_and_drains_engine(

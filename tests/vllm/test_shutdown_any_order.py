@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from vllm_engines import start_engine
+from vllm_load import streams_in_flight
 
 import loopbridge_vllm
 from loopbridge_vllm import engine_client_proxy, shutdown_engine, start_openai_server
@@ -66,19 +67,8 @@ async def _stream(url: str, started: threading.Semaphore) -> tuple[str, str]:
 
 
 def _start_streams(url: str, outcomes: list[tuple[str, str]]) -> threading.Thread:
-    started = threading.Semaphore(0)
-
-    def clients() -> None:
-        async def main() -> None:
-            outcomes.extend(await asyncio.gather(*(_stream(url, started) for _ in range(STREAMS))))
-
-        asyncio.run(main())
-
-    load = threading.Thread(target=clients, name="stream-clients")
-    load.start()
-    for _ in range(STREAMS):
-        assert started.acquire(timeout=BOUND_S * 4)
-    return load
+    """STREAMS streamed requests on a client thread; returns once each got a chunk."""
+    return streams_in_flight(STREAMS, lambda started: _stream(url, started), outcomes, BOUND_S)
 
 
 class _Records(logging.Handler):

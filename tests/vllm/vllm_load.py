@@ -5,9 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -138,3 +143,28 @@ async def run_load(
 
         await asyncio.gather(*(guarded(i) for i in range(n)))
     return result
+
+
+def streams_in_flight(
+    n: int,
+    stream: Callable[[threading.Semaphore], Awaitable[T]],
+    outcomes: list[T],
+    bound_s: float,
+) -> threading.Thread:
+    """``n`` streamed requests, each ``stream(started)``, at once on a client thread of
+    their own (its own loop); their outcomes go to ``outcomes`` when all have ended.
+    Returns that thread once each request has released ``started`` (its first chunk
+    came): the streams are in flight."""
+    started = threading.Semaphore(0)
+
+    def clients() -> None:
+        async def main() -> None:
+            outcomes.extend(await asyncio.gather(*(stream(started) for _ in range(n))))
+
+        asyncio.run(main())
+
+    load = threading.Thread(target=clients, name="stream-clients")
+    load.start()
+    for _ in range(n):
+        assert started.acquire(timeout=bound_s * 4), "a stream never got its first chunk"
+    return load
