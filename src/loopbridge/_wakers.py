@@ -72,6 +72,7 @@ __all__ = [
 ]
 
 _perf = time.perf_counter
+_TIMEOUT_MAX = threading.TIMEOUT_MAX
 
 #: A caller waiting for the owner side's cleanup stops waiting once the owner
 #: loop has left a probe unanswered this long (seconds): the loop is blocked or
@@ -233,7 +234,9 @@ class ThreadWaker:
         parked[op] = None  # one dict setitem: under the dict's lock on a free-threaded build
         try:
             _watcher.ensure_running()
-            return lock.acquire(timeout=-1 if timeout is None else timeout)
+            # A lock wait takes at most TIMEOUT_MAX (about 106 days on Linux); a longer
+            # timeout is as good as none there.
+            return lock.acquire(timeout=-1 if timeout is None else min(timeout, _TIMEOUT_MAX))
         finally:
             parked.pop(op, None)
 

@@ -13,7 +13,7 @@ import loopbridge as lb
 from loopbridge import _ports
 
 from .conftest import make_engine as _make
-from .interleave import BOUND
+from .interleave import BOUND, wait_until_waiting
 
 
 def test_blocking_caller_sees_owner_death() -> None:
@@ -107,3 +107,41 @@ def test_parked_threads_are_watched_by_one_thread_and_still_see_the_owner_die(
         task.cancel()
     loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
+
+
+@lb.loop_affine
+class Latch:
+    """A call that returns once the latch is opened on its owner loop."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+
+    async def wait(self) -> str:
+        await self.opened.wait()
+        return "opened"
+
+
+def test_a_timeout_longer_than_a_lock_wait_can_take_is_a_timeout_all_the_same() -> None:
+    """A blocking face's timeout past ``threading.TIMEOUT_MAX`` waits like any other
+    (a lock wait given it raises ``OverflowError``)."""
+
+    async def make() -> Latch:
+        return Latch()
+
+    with lb.LoopThread(name="long-timeout") as owner:
+        latch = owner.run(make)
+        face = lb.blocking(lb.proxy(latch), timeout=threading.TIMEOUT_MAX * 10)
+        got: list[object] = []
+
+        def caller() -> None:
+            try:
+                got.append(face.wait())
+            except BaseException as exc:
+                got.append(exc)
+
+        t = threading.Thread(target=caller, name="long-timeout caller")
+        t.start()
+        wait_until_waiting(t)  # parked: the owner has not answered
+        owner.run(latch.opened.set)
+        t.join(BOUND)
+        assert got == ["opened"]
