@@ -148,7 +148,12 @@ class HttpServer:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(1024)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(self.app, lifespan="off", log_level="warning", backlog=1024)
+        # Keep-alive longer than any stall of a busy CI machine: at uvicorn's default (5 s,
+        # httpx's own expiry too) a client may reuse a connection the server is closing at
+        # that moment, and the request fails with httpx.ReadError (seen once on 3.10).
+        config = uvicorn.Config(
+            self.app, lifespan="off", log_level="warning", backlog=1024, timeout_keep_alive=60
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, name="uvicorn", daemon=True

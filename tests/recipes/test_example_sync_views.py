@@ -54,15 +54,16 @@ def test_sync_views_share_one_async_client(example: Any, http_server: HttpServer
         with urllib.request.urlopen(f"{app.url}/item/{i}", timeout=30) as response:
             return json.loads(response.read())
 
-    got = from_threads(get, 400, workers=32)  # more clients than workers
-    assert [g["item"] for g in got] == [{"n": i} for i in range(400)]
-    workers = {g["worker"] for g in got}
-    assert all(w.startswith("worker") for w in workers) and 1 < len(workers) <= 16
-    pool = lb.unwrap(app.upstream.client)._transport._pool
-    assert 0 < len(pool.connections) <= 16  # one pool, bounded, reused by every view
-    assert http_server.open_connections() <= 16
-
-    app.stop()
+    try:
+        got = from_threads(get, 400, workers=32)  # more clients than workers
+        assert [g["item"] for g in got] == [{"n": i} for i in range(400)]
+        workers = {g["worker"] for g in got}
+        assert all(w.startswith("worker") for w in workers) and 1 < len(workers) <= 16
+        pool = lb.unwrap(app.upstream.client)._transport._pool
+        assert 0 < len(pool.connections) <= 16  # one pool, bounded, reused by every view
+        assert http_server.open_connections() <= 16
+    finally:  # a failure above must not leave the app's threads running the session on
+        app.stop()
     assert app.stopped == ["web server", "client and its loop"]
     assert owner.loop.is_closed() and not owner.running  # the loop closed last
     assert pool.connections == []  # closed on the loop that owned them
