@@ -62,9 +62,7 @@ depends on the debtor alone:
   running;
 * a loop with callers parked on it ticks every ``LIVENESS_INTERVAL`` while any
   of them waits, and each tick drains that loop's own inbox and checks the
-  owner each parked operation now belongs to; for plain threads parked in
-  blocking calls, the process's one liveness watcher (``_wakers._Watcher``)
-  makes the same checks.
+  owner each parked operation now belongs to.
 
 Invariant: a parked caller's wait ends within two liveness intervals of its
 operation being settled or its owner loop dying, whatever the order of the

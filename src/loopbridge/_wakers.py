@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,7 +71,6 @@ __all__ = [
 ]
 
 _perf = time.perf_counter
-_TIMEOUT_MAX = threading.TIMEOUT_MAX
 
 #: A caller waiting for the owner side's cleanup stops waiting once the owner
 #: loop has left a probe unanswered this long (seconds): the loop is blocked or
@@ -221,110 +219,23 @@ class ThreadWaker:
             raise TimeoutError(timeout_message(op, timeout, "cancelled"))
 
     def wait(self, op: Operation, timeout: float | None = None) -> bool:
-        """Wait until woken: True; False once ``timeout`` seconds have passed first.
-
-        The thread sleeps in one lock acquire: the process's liveness watcher
-        (:class:`_Watcher`) checks the owner loop of ``op`` meanwhile, and a
-        dead one fails ``op``, which wakes this thread.
-        """
+        """Wait until woken: True; False once ``timeout`` seconds have passed first."""
         lock: threading.Lock = op.waiter
-        if lock.acquire(blocking=False):  # woken already: no watch needed
+        if timeout is None:
+            while not lock.acquire(timeout=LIVENESS_INTERVAL):
+                _check_owner(op)
             return True
-        parked = _watcher.parked
-        parked[op] = None  # one dict setitem: under the dict's lock on a free-threaded build
-        try:
-            _watcher.ensure_running()
-            # A lock wait takes at most TIMEOUT_MAX (about 106 days on Linux); a longer
-            # timeout is as good as none there.
-            return lock.acquire(timeout=-1 if timeout is None else min(timeout, _TIMEOUT_MAX))
-        finally:
-            parked.pop(op, None)
+        deadline = _perf() + timeout
+        while not lock.acquire(timeout=max(0.0, min(LIVENESS_INTERVAL, deadline - _perf()))):
+            if _perf() >= deadline:
+                return False
+            _check_owner(op)
+        return True
 
     def wait_settled(self, op: Operation, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
             op.waiter.acquire(timeout=timeout)
             _check_owner(op)
-
-
-class _Watcher:
-    """The one thread per process that checks, every ``LIVENESS_INTERVAL``, the
-    owner loop of each operation a plain thread is parked on (:meth:`ThreadWaker.wait`).
-
-    A thread parked in a blocking call used to wake every interval to check its
-    own owner: 64 worker threads waiting on one engine made 1,280 wake-ups a
-    second, each taking the GIL from the loop they waited for.  The watcher makes
-    one round per interval for all of them, and only while any is parked.
-
-    Invariant: while ``parked`` is non-empty, a watcher thread runs (so a parked
-    thread's wait ends within two intervals of its owner loop dying, as an
-    asyncio caller's does by its port's tick).  The handshake has no lock on the
-    parking side, and follows the ports' wake protocol:
-
-    * a parker adds its operation *before* it reads ``state``;
-    * the watcher, before it stops, writes ``STOPPING`` *before* it looks at
-      ``parked`` a last time, under ``lock``, and stops only if that is empty.
-
-    So a parker that read ``RUNNING`` added its operation before the watcher's
-    last look, which sees it; one that read anything else takes ``lock`` and
-    starts a watcher unless one runs.  With the GIL, the steps are ordered; on a
-    free-threaded build each is one dict operation or one attribute write, each
-    under its object's lock, and of two threads the one that takes a shared
-    object's lock second sees what the other wrote before taking it.
-    """
-
-    __slots__ = ("parked", "state", "lock", "thread")
-
-    def __init__(self) -> None:
-        self.parked: dict[Operation, None] = {}
-        self.state = "idle"  # "running" | "stopping" | "idle"
-        self.lock = threading.Lock()
-        self.thread: threading.Thread | None = None
-
-    def ensure_running(self) -> None:
-        """After parking: make sure a watcher runs (the parker's thread)."""
-        if self.state == "running":
-            return
-        with self.lock:
-            if self.state == "idle":
-                self.thread = threading.Thread(
-                    target=self._run, name="loopbridge-liveness", daemon=True
-                )
-                self.state = "running"
-                self.thread.start()
-            else:  # stopping: its last look, under this lock, is not taken yet
-                self.state = "running"
-
-    def _run(self) -> None:
-        parked = self.parked
-        while True:
-            time.sleep(LIVENESS_INTERVAL)
-            for owner in {op.owner for op in list(parked)}:  # the owner each has now
-                if owner is not None:
-                    try:
-                        owner.check_alive()
-                    except Exception:  # pragma: no cover - defensive: keep watching the rest
-                        pass
-            if not parked:
-                self.state = "stopping"  # before the last look (see the class)
-                with self.lock:
-                    if not parked and self.state == "stopping":
-                        self.state = "idle"
-                        self.thread = None
-                        return
-                    self.state = "running"
-
-    def after_fork_in_child(self) -> None:
-        """Only the forking thread exists in a child: no watcher runs there."""
-        self.parked.clear()
-        self.state = "idle"
-        self.lock = threading.Lock()
-        self.thread = None
-
-
-_watcher = _Watcher()
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_watcher.after_fork_in_child)
 
 
 def _check_owner(op: Operation) -> None:

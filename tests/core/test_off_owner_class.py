@@ -255,12 +255,6 @@ def test_6_a_pending_result_is_made_on_the_owner(
 
 
 # ------------------------------------------------------------- state machine
-def _threads() -> int:
-    """Live threads, less loopbridge's liveness watcher: a blocking wait starts it,
-    and it ends on its own once no thread has been parked for two intervals."""
-    return sum(t.name != "loopbridge-liveness" for t in threading.enumerate())
-
-
 class OffOwnerMachine(RuleBasedStateMachine):
     """Calls, streams, cancels, early closes and transfers, in any order: after
     each step nothing ran off its owner, every item put is either taken or still
@@ -268,7 +262,7 @@ class OffOwnerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.threads = _threads()
+        self.threads = threading.active_count()
         self.owners = [lb.LoopThread(name=f"sm-owner-{i}").start() for i in range(2)]
         self.caller = lb.LoopThread(name="sm-caller").start()
         self.box = _box(self.owners[0], open=lb.Owned())
@@ -365,7 +359,7 @@ class OffOwnerMachine(RuleBasedStateMachine):
     def nothing_left_running(self) -> None:
         for o in self.owners:
             assert not tasks_on(o.loop)
-        assert _threads() <= self.threads + 3  # the 3 loops' threads
+        assert threading.active_count() <= self.threads + 3  # the 3 loops' threads
 
 
 OffOwnerMachine.TestCase.settings = settings(
