@@ -130,13 +130,12 @@ class GrpcServer:
         self.loop.stop()
 
 
-def serve(kind: str) -> None:
+def serve(kind: str, cpus: str | None) -> None:
     """``--serve KIND`` (the benchmark's own child process): run that server, print
-    its address, and serve until standard input closes."""
-    if len(os.sched_getaffinity(0)) == 1:  # the parent pinned itself: take another CPU
-        others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
-        if others:
-            os.sched_setaffinity(0, others)
+    its address, and serve until standard input closes.  ``cpus``: the CPUs it
+    keeps to (``--pin``: those the client left, out of the ones it was allowed)."""
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     with Uvicorn() if kind == "http" else GrpcServer() as address:
         print(address, flush=True)
         sys.stdin.read()
@@ -145,14 +144,17 @@ def serve(kind: str) -> None:
 class ServerProcess:
     """A server in a child process: its work does not share the client's GIL, as a
     real upstream's does not (in one process, the GIL's hand-offs between server,
-    owner loop and callers made the rate swing by 2x between batches)."""
+    owner loop and callers made the rate swing by 2x between batches).  ``cpus``:
+    where it runs (None: wherever the client may)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, cpus: set[int] | None) -> None:
         self.kind = kind
+        self.cpus = cpus
 
     def __enter__(self) -> str:
+        pinned = ["--serve-cpus", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", self.kind],
+            [sys.executable, __file__, "--serve", self.kind, *pinned],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -400,19 +402,23 @@ def main() -> None:
         "a fast and a much slower mode for seconds at a time; the GIL makes pinning cheap)",
     )
     ap.add_argument("--serve", choices=["http", "grpc"], help=argparse.SUPPRESS)
+    ap.add_argument("--serve-cpus", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        return serve(args.serve)
-    if args.pin:  # before any thread starts
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        return serve(args.serve, args.serve_cpus)
+    servers: set[int] | None = None
+    if args.pin:  # before any thread starts: the client on one allowed CPU, the servers on the rest
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(allowed)})
+        servers = allowed - {min(allowed)} or None
     clients = ["httpx", "aiohttp", "grpc"] if args.client == "all" else [args.client]
     callers = ["threads", "loop"] if args.callers == "both" else [args.callers]
     results: dict[str, Any] = {}
     load = {"start": os.getloadavg()}
     print(f"load average at start: {load['start']}", flush=True)
     with (
-        ServerProcess("http") as url,
-        ServerProcess("grpc") as target,
+        ServerProcess("http", servers) as url,
+        ServerProcess("grpc", servers) as target,
         lb.LoopThread(name="client-owner", use_uvloop=False) as owner,
     ):
         for kind in clients:

@@ -30,6 +30,7 @@ from ._faces import Crossing, Wait, channel_maker, crossings_of
 from ._operation import Options
 from ._pending import MADE, Pending, call_on_owner
 from ._proxy import (
+    BlockingMembers,
     PendingFactory,
     blocking_members,
     is_proxy,
@@ -79,20 +80,28 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
             if name == "result":
                 return lambda: p.result_blocking(timeout)
             raise AttributeError(f"a pending result's blocking face has no {name!r}")
-        members: dict[str, object] = get(self, "_lb_members")
+        members: BlockingMembers = get(self, "_lb_members")
         member = members.get(name)
         if member is not None:
             return member
+        kept = members.get((name,))  # an owned data member's face (see _face_of_value)
+        if kept is not None:
+            value, face = cast("tuple[object, Blocking[Any]]", kept)
+            if getattr(p, name) is value:
+                return face
         unbound = _blocking_member(type(p), name)
         if unbound is None:
-            return _face_of_value(p, name, timeout)
+            return _face_of_value(p, name, timeout, members)
         member = members[name] = types.MethodType(
             unbound, _Bound(get(p, "_lb_target"), get(p, "_lb_opts"), timeout)
         )
         return member
 
     def __call__(self, *args: object, **kwargs: object) -> Any:
-        return self.__getattr__("__call__")(*args, **kwargs)
+        member = object.__getattribute__(self, "_lb_members").get("__call__")
+        if member is None:
+            member = self.__getattr__("__call__")
+        return member(*args, **kwargs)
 
     def __enter__(self) -> Any:
         p = object.__getattribute__(self, "_lb_proxy")
@@ -119,17 +128,43 @@ class Blocking(Generic[T], metaclass=NoPublicConstructor):
         return f"<loopbridge blocking face of {object.__getattribute__(self, '_lb_proxy')!r}>"
 
 
-def _face_of_value(p: object, name: str, timeout: float | None) -> object:
+def _face_of_value(p: object, name: str, timeout: float | None, members: BlockingMembers) -> object:
     """A member that is not marshalled: passed through (or the proxy's own refusal);
-    an owned data member and a pending factory give blocking faces too."""
+    an owned data member and a pending factory give blocking faces too.
+
+    An owned data member's face is kept beside the bound members (under
+    ``(name,)``) while the member gives the same proxy (the proxy keeps the one
+    it made while the attribute holds the same object): ``blocking(stub).Say``
+    once per request builds no face.  The face holds that proxy, never ``p``.
+    """
     value = getattr(p, name)
     if name in object.__getattribute__(p, "_lb_ownership").returns:
-        if is_proxy(value):
-            return Blocking._create(value, timeout)  # an owned data member: its face too
+        if is_proxy(value):  # an owned data member: its face too
+            kept = cast("tuple[object, Blocking[Any]] | None", members.get((name,)))
+            if kept is not None and kept[0] is value:
+                return kept[1]
+            face = _face(value, blocking_members(value) if timeout is None else {}, timeout)
+            members[(name,)] = (value, face)
+            return face
         if type(value) is PendingFactory:
             factory = value
-            return lambda *a, **k: Blocking._create(factory(*a, **k), timeout)
+            return lambda *a, **k: _face(factory(*a, **k), {}, timeout)
     return value
+
+
+def _face(p: object, members: BlockingMembers, timeout: float | None) -> Blocking[Any]:
+    """A face of ``p`` (a proxy, an uncovered object or a pending result) without
+    the checks of :func:`blocking`: once per request on the recipes' paths."""
+    face: Blocking[Any] = object.__new__(Blocking)
+    _set_proxy(face, p)
+    _set_members(face, members)
+    _set_timeout(face, timeout)
+    return face
+
+
+_set_proxy = Blocking._lb_proxy.__set__  # type: ignore[attr-defined]
+_set_members = Blocking._lb_members.__set__  # type: ignore[attr-defined]
+_set_timeout = Blocking._lb_timeout.__set__  # type: ignore[attr-defined]
 
 
 class _Bound:
@@ -261,7 +296,7 @@ def _pending(crossing: Crossing, name: str) -> Callable[..., object]:
             if value is not MADE:
                 return value
             coroutines[0] = False
-        return Blocking._create(made, bound.timeout)
+        return _face(made, {}, bound.timeout)
 
     return pending
 
@@ -302,6 +337,8 @@ def blocking(p: T, *, timeout: float | None = None) -> Blocking[T]:
     next item, a pending result) gives up after that many seconds with
     ``TimeoutError`` naming the operation, and the owner side is cancelled.
     """
+    if timeout is None and is_proxy(p):  # the common case: one face per request
+        return _face(p, blocking_members(p), None)
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be positive (seconds) or None, not {timeout!r}")
     if type(p) is Blocking:

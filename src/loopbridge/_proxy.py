@@ -52,6 +52,7 @@ __all__ = [
     "result_by_rule",
     "result_without_rule",
     "call_result",
+    "BlockingMembers",
     "blocking_members",
     "PendingFactory",
     "refuse_setattr",
@@ -400,14 +401,19 @@ def _new_proxy(obj: T, ownership: Ownership, window: int, grace: float, eager: b
     return p
 
 
-def blocking_members(p: object) -> dict[str, object]:
+#: What a blocking face keeps: its bound members by name, and the faces of owned
+#: data members under ``(name,)`` (see ``_blocking._face_of_value``).
+BlockingMembers = dict["str | tuple[str]", object]
+
+
+def blocking_members(p: object) -> BlockingMembers:
     """Where the blocking faces of proxy ``p`` that have no timeout keep the members
     they bind: one dict for all of them, so ``blocking(p).m(...)`` binds ``m`` once
     per proxy, not once per face.  A bound member holds the target and the
     proxy's settings, never the proxy or a face.  Anything else: a new dict."""
     if not is_proxy(p):
         return {}
-    members: dict[str, object] | None = object.__getattribute__(p, "_lb_blocking")
+    members: BlockingMembers | None = object.__getattribute__(p, "_lb_blocking")
     if members is None:  # two threads may both make one: either dict is right
         members = {}
         object.__setattr__(p, "_lb_blocking", members)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -189,3 +190,43 @@ def test_results_under_one_rule_share_its_declarations_and_keep_their_own_metric
     del responses, records
     gc.collect()
     assert snapshot()["objects"][name]["calls"] - before == 50  # never drops
+
+
+def test_the_blocking_face_of_an_owned_attribute_is_made_once_while_it_holds_one_object(
+    owner: lb.LoopThread,
+) -> None:
+    """``blocking(stub).Say(...)`` per request: the face of ``Say`` is kept beside
+    the bound members while the attribute holds the same object, and made anew
+    once it holds another; the face of the stub itself is a new, cheap one."""
+    stub = owner.run(_make_stub)
+    p = lb.proxy(stub)
+    face = lb.blocking(p).Say
+    assert isinstance(face, lb.Blocking) and lb.unwrap(p.Say) is stub.Say
+    assert lb.blocking(p).Say is face  # another request: the same face
+    assert [lb.blocking(p).Say(n).result() for n in range(3)] == [0, 10, 20]
+
+    async def replace() -> None:
+        stub.Say = Method()
+
+    owner.run(replace)
+    second = lb.blocking(p).Say  # the attribute holds another object: its own face
+    assert second is not face and second(5).result() == 50
+    assert lb.blocking(p).Say is second
+    # A face with a timeout keeps its own (its waits carry that timeout).
+    assert lb.blocking(p, timeout=5).Say is not second
+
+
+def test_a_kept_attribute_face_keeps_no_cycle_through_the_proxy(owner: lb.LoopThread) -> None:
+    """The kept face holds the attribute's proxy, never the stub's: with the
+    collector off, dropping the stub's proxy frees it (and what it kept) at once."""
+    stub = owner.run(_make_stub)
+    p = lb.proxy(stub)
+    assert lb.blocking(p).Say(1).result() == 10
+    gone = weakref.ref(p)
+    say = weakref.ref(p.Say)
+    gc.disable()
+    try:
+        del p
+        assert gone() is None and say() is None
+    finally:
+        gc.enable()

@@ -25,7 +25,8 @@ def test_bench_recipes_runs() -> None:
         ("uvicorn", "uvicorn"),
     ):
         pytest.importorskip(name, reason=f"{dist} is not installed (dependency group: recipes)")
-    args = ["--calls", "32", "--reps", "1", "--workers", "4", "--concurrency", "4"]
+    # --pin: the client on one of the CPUs it may use, the servers' processes on the others.
+    args = ["--calls", "32", "--reps", "1", "--workers", "4", "--concurrency", "4", "--pin"]
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_recipes.py"), *args],
         env={**os.environ, "PYTHONPATH": SRC},
