@@ -220,7 +220,11 @@ def threads_loopbridge(env: Env, threads: int, c: int, n: int) -> float:
     owner loop; the wall time from a common start to the last one's end, per call."""
     per = max(1, n // (threads * c))
     p, factory = env.p, _loop_factory(env.kind)
-    ready = threading.Barrier(threads + 1)
+    # The start is read by the barrier's action, before any thread is released: read
+    # after wait() by this thread, it could come after a caller had already ended
+    # (a negative sample on a loaded 2-core machine).
+    starts: list[float] = []
+    ready = threading.Barrier(threads + 1, action=lambda: starts.append(perf()))
     ends: list[float] = []
 
     async def body(count: int) -> None:
@@ -248,10 +252,9 @@ def threads_loopbridge(env: Env, threads: int, c: int, n: int) -> float:
     for w in workers:
         w.start()
     ready.wait()
-    t0 = perf()
     for w in workers:
         w.join()
-    return (max(ends) - t0) / (threads * c * per)
+    return (max(ends) - starts[0]) / (threads * c * per)
 
 
 async def stream_loopbridge(env: Env, window: int, n: int) -> float:

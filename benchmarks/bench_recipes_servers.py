@@ -231,7 +231,10 @@ def run_loop(make: Callable[[], Op], ops: int, concurrency: int) -> float:
 def run_threads(fn: Blocking, ops: int, concurrency: int, workers: ThreadPoolExecutor) -> float:
     """Operations per second from ``concurrency`` plain threads."""
     per = max(1, ops // concurrency)
-    start = threading.Barrier(concurrency + 1)
+    # The start is read before any worker is released (the barrier's action), not by
+    # this thread after it: workers could be well on by then.
+    starts: list[float] = []
+    start = threading.Barrier(concurrency + 1, action=lambda: starts.append(perf()))
 
     def worker() -> None:
         start.wait()
@@ -240,10 +243,9 @@ def run_threads(fn: Blocking, ops: int, concurrency: int, workers: ThreadPoolExe
 
     futures = [workers.submit(worker) for _ in range(concurrency)]
     start.wait()
-    t0 = perf()
     for f in futures:
         f.result()
-    return per * concurrency / (perf() - t0)
+    return per * concurrency / (perf() - starts[0])
 
 
 def measure(args: argparse.Namespace, cases: list[Scenario]) -> list[dict[str, Any]]:

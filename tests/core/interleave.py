@@ -5,7 +5,10 @@
 next thread that reaches ``point`` stop there; ``il.reached(point)`` waits until
 it has; ``il.release(point)`` lets it go on.  ``il.count(point, n, thread)``
 returns a countdown that ends once ``point`` has been passed ``n`` more times
-(by ``thread`` only, when given), for a test that waits for a number of steps.
+(by ``thread`` only, and only passes after which ``when()`` holds, when given),
+for a test that waits for a number of steps or for a state one step reaches;
+``il.posted_to(port, n, thread)`` ends once ``thread`` has made ``port``'s
+inbox hold ``n`` items.
 Waits are on events, bounded, and a bound that expires fails the test instead
 of hanging it.
 """
@@ -25,11 +28,24 @@ BOUND = 10.0
 
 
 class Countdown:
-    """``point`` passed ``n`` times (by ``thread`` only, when given); see ``Interleaving.count``."""
+    """``point`` passed ``n`` times (by ``thread`` only, and where ``when()`` holds
+    after the pass, when given); see ``Interleaving.count``."""
 
-    def __init__(self, point: str, n: int, thread: threading.Thread | None) -> None:
-        self.point, self.left, self.thread = point, n, thread
+    def __init__(
+        self,
+        point: str,
+        n: int,
+        thread: threading.Thread | None,
+        when: Callable[[], bool] | None,
+    ) -> None:
+        self.point, self.left, self.thread, self.when = point, n, thread, when
         self.done = threading.Event()
+
+    def counts(self, me: threading.Thread) -> bool:
+        """Whether a pass by ``me`` counts (called under the harness's lock)."""
+        if self.left == 0 or self.thread not in (None, me):
+            return False
+        return self.when is None or self.when()
 
     def wait(self) -> None:
         assert self.done.wait(BOUND), f"{self.point} was passed {self.left} times too few"
@@ -64,20 +80,34 @@ class Interleaving:
     def release(self, point: str) -> None:
         self._held[point][1].set()
 
-    def count(self, point: str, n: int, thread: threading.Thread | None = None) -> Countdown:
-        """A countdown of the next ``n`` passes of ``point`` (by ``thread`` only, when
-        given); it replaces any earlier countdown of ``point``."""
-        countdown = Countdown(point, n, thread)
+    def count(
+        self,
+        point: str,
+        n: int,
+        thread: threading.Thread | None = None,
+        when: Callable[[], bool] | None = None,
+    ) -> Countdown:
+        """A countdown of the next ``n`` passes of ``point`` (by ``thread`` only, and
+        only passes after which ``when()`` is true, when given); it replaces any
+        earlier countdown of ``point``."""
+        countdown = Countdown(point, n, thread, when)
         with self._lock:
             self._counts[point] = countdown
         return countdown
+
+    def posted_to(self, port: Any, n: int, thread: threading.Thread) -> Countdown:
+        """A countdown that ends at the pass of ``post.appended`` by ``thread`` after
+        which ``port``'s inbox holds ``n`` items, for a test whose loop does not
+        drain it meanwhile.  Posts to other ports do not count: a thread may post
+        elsewhere at any time (a finaliser the collector runs there, on 3.13t)."""
+        return self.count("post.appended", 1, thread, when=lambda: len(port._inbox) >= n)
 
     def _at(self, point: str) -> None:
         me = threading.current_thread()
         self.passed.append((me.name, point))
         with self._lock:
             countdown = self._counts.get(point)
-            if countdown is not None and countdown.thread in (None, me) and countdown.left > 0:
+            if countdown is not None and countdown.counts(me):
                 countdown.left -= 1
                 if countdown.left == 0:
                     countdown.done.set()

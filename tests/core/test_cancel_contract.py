@@ -29,6 +29,7 @@ import trio.testing
 import loopbridge as lb
 import loopbridge.metrics
 from loopbridge._ports import running_port
+from loopbridge._trio import trio_port
 
 from .interleave import BOUND, Interleaving, wait_until_waiting
 
@@ -90,8 +91,8 @@ def test_a_task_cancelled_after_the_get_settled_gets_the_item_then_the_cancel(
             got.append("not cancelled")
 
         with Interleaving() as il:
-            # The owner's next post is the getter's wake: its outcome is recorded.
-            settled = il.count("post.appended", 1, thread=owner.thread)
+            # The owner's post of the getter's wake: its outcome is recorded.
+            settled = il.posted_to(running_port(asyncio.get_running_loop()), 1, owner.thread)
             task = asyncio.create_task(getter())
             await _parked()
             settled.wait()  # blocks this loop: the wake is not run yet
@@ -126,7 +127,7 @@ def test_an_expired_timeout_scope_gives_the_item_and_consumes_its_cancel(
             got.append("ran on")  # the scope consumed the cancel: none is re-delivered
 
         with Interleaving() as il:
-            settled = il.count("post.appended", 1, thread=owner.thread)
+            settled = il.posted_to(running_port(asyncio.get_running_loop()), 1, owner.thread)
             task = asyncio.create_task(getter())
             await _parked()
             settled.wait()
@@ -155,7 +156,7 @@ def test_a_trio_scope_cancelled_after_the_get_settled_gets_the_item(
 
         with Interleaving() as il:
             il.hold("settle.latched")  # the owner took the item and is recording it
-            settled = il.count("post.appended", 1, thread=asyncio_owner.thread)
+            settled = il.posted_to(trio_port(), 1, asyncio_owner.thread)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(getter)
                 await trio.testing.wait_all_tasks_blocked()  # the getter is parked
