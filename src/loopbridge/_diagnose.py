@@ -24,7 +24,7 @@ from typing import IO, Any, TypeVar
 
 from ._compat import thread_id_of
 from ._labels import thread_name
-from ._ports import Port, _ports, _registry_lock
+from ._ports import Port, live_ports
 
 __all__ = [
     "SubmissionSites",
@@ -152,8 +152,7 @@ def dump_inflight() -> list[dict[str, Any]]:
     :func:`record_submission_sites` is on) and where the owner side is suspended
     (``owner_at``, innermost last).
     """
-    with _registry_lock:
-        ports = list(_ports.values())
+    ports = live_ports()
     frames = sys._current_frames()
     now = time.perf_counter()
     out: list[dict[str, Any]] = []

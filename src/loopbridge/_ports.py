@@ -75,6 +75,13 @@ never cleared; a dead port still delivers what is posted to it while its loop
 runs, as a loop that is shutting down still runs callbacks).  ``_keeper`` is the
 task whose end tells that the loop is shutting down.
 
+A port is found from its loop (an attribute of the loop), and the registry of
+live ports holds it weakly: a loop and its port hold each other, and the
+collector frees both once nothing else holds the loop, including a loop closed
+without ``asyncio.run``'s cancel-all sweep, whose keeper never ended and whose
+port never died.  The keeper is loopbridge's, not the user's: asyncio is told
+not to report it destroyed while pending.
+
 Ports also track every call and stream in flight towards their loop, so that when
 the loop stops or closes each of them can be failed with
 :class:`~loopbridge.OwnerLoopClosed` instead of hanging.  Leaving a port's
@@ -118,6 +125,7 @@ __all__ = [
     "port_for_loop",
     "running_port",
     "get_running_loop",
+    "live_ports",
     "rearm",
     "unpark_waiter",
 ]
@@ -404,8 +412,11 @@ class Port:
         except TypeError:  # pragma: no cover - a loop without weak references
             pass
         with _registry_lock:
-            if _ports.get(self.loop) is self:
-                del _ports[self.loop]
+            ref = _ports.get(id(self))
+            if ref is not None and ref() is self:
+                del _ports[id(self)]
+            if _unattributed.get(self.loop) is self:
+                del _unattributed[self.loop]
         for op in list(self.inflight):  # copied under the dict's lock: see submit()
             if self.leave(op):
                 try:
@@ -479,6 +490,10 @@ class Port:
         if self._keeper is None and self.dead is None:
             self.thread_id = threading.get_ident()
             keeper = self.loop.create_task(self._keep(), name="loopbridge-keeper")
+            # Pending for the loop's whole life by design: a loop closed without
+            # cancelling its tasks drops it, and that is no lost work of the user's
+            # (asyncio's own run_until_complete says the same of its future).
+            keeper._log_destroy_pending = False
             # A done callback, not an except clause: a sweep may cancel the
             # keeper before its first step, and then no handler inside runs.
             keeper.add_done_callback(self._keeper_done)
@@ -538,8 +553,15 @@ ABSENT = object()  # what dict.pop returns for an operation not (or no longer) i
 _ATTR = PORT_ATTR = "_loopbridge_port"
 # Registries: written under _registry_lock; read without it by single dict and set
 # operations, each atomic (under the container's own lock on a free-threaded build).
+# A loop's port is its _ATTR attribute, so a loop its user let go is freed with its
+# port.  _ports (by id) holds a weak reference to each port that has not died, for
+# a fork and for dump_in_flight: a plain dict written under the lock only, with no
+# callback, because the collector frees a port on whatever thread allocates, maybe
+# one inside this lock; the next port made drops the references that went dead.
 _registry_lock = threading.Lock()
-_ports: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
+_ports: dict[int, weakref.ReferenceType[Port]] = {}
+# The port of a loop that takes no attributes (none known): held until it dies.
+_unattributed: weakref.WeakKeyDictionary[Any, Port] = weakref.WeakKeyDictionary()
 _retired: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -560,7 +582,7 @@ _thread_names: dict[int, str] = {}
 def _before_fork() -> None:
     """Name each port's thread while it still exists (the forking thread, in the parent)."""
     _thread_names.clear()
-    for port in list(_ports.values()):
+    for port in live_ports():
         tid = port.thread_id
         if tid is not None and (thread := live_thread(tid)) is not None:
             _thread_names[tid] = thread.name
@@ -576,7 +598,7 @@ def _after_fork_in_child() -> None:
     global _registry_lock
     _registry_lock = threading.Lock()
     survivor = _get_ident()
-    gone = [p for p in list(_ports.values()) if not p.survives_fork(survivor)]
+    gone = [p for p in live_ports() if not p.survives_fork(survivor)]
     for port in gone:
         port._schedule_threadsafe = _no_wake  # before any dies: their callers' wakes
     for port in gone:
@@ -593,6 +615,13 @@ if hasattr(os, "register_at_fork"):  # POSIX
     )
 
 
+def live_ports() -> list[Port]:
+    """Every port that has not died and is not freed (any thread)."""
+    with _registry_lock:
+        refs = list(_ports.values())
+    return [port for ref in refs if (port := ref()) is not None]
+
+
 def rearm(loop: asyncio.AbstractEventLoop) -> None:
     """Forget that ``loop`` was seen shutting down (an explicit transfer to it)."""
     _retired.discard(loop)
@@ -603,7 +632,7 @@ def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
     port = getattr(loop, _ATTR, None)
     if port is not None and port.dead is None:
         return port  # type: ignore[no-any-return]
-    port = _ports.get(loop)
+    port = _unattributed.get(loop)
     if port is not None:
         return port
     if loop.is_closed():
@@ -615,16 +644,23 @@ def port_for_loop(loop: asyncio.AbstractEventLoop) -> Port:
             raise _fresh(gone.dead)  # why it died (a fork, a shutdown)
         raise OwnerLoopClosed(f"{_loop_label(loop)} is shutting down")
     with _registry_lock:
-        port = _ports.get(loop)
+        port = getattr(loop, _ATTR, None)
+        if port is not None and port.dead is not None:
+            port = None  # a port that died; the loop was re-armed since
+        if port is None:
+            port = _unattributed.get(loop)
         if port is None:
             port = Port(loop, loop.call_soon_threadsafe, _loop_label(loop))
-            _ports[loop] = port
+            for key, ref in list(_ports.items()):
+                if ref() is None:
+                    del _ports[key]
+            _ports[id(port)] = weakref.ref(port)
             try:
                 # The hot path reads the port from the loop itself: an attribute
                 # lookup instead of a WeakKeyDictionary call.
                 setattr(loop, _ATTR, port)
             except AttributeError:  # pragma: no cover - a loop without attributes
-                pass
+                _unattributed[loop] = port
             created = True
         else:
             created = False

@@ -11,14 +11,16 @@ loops: a batch's wake-ups, and what callers see when an owner loop dies.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from typing import Any
 
 import pytest
 
 import loopbridge as lb
 from loopbridge._ownership import ownership_of
-from loopbridge._ports import Port, Wake, running_port
+from loopbridge._ports import PORT_ATTR, Port, Wake, running_port
 
 from .conftest import Engine, until_set
 from .conftest import make_engine as _make
@@ -311,3 +313,26 @@ def test_a_stopped_owner_is_not_dead_calls_run_when_it_runs_again() -> None:
     owner.loop.close()
     with pytest.raises(lb.OwnerLoopClosed):
         b.echo(4)
+
+
+def test_a_loop_closed_without_the_shutdown_sweep_is_freed_with_its_port(
+    asyncio_owner: lb.LoopThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller loop driven by ``run_until_complete`` and closed without cancelling
+    its tasks first (no ``asyncio.run`` sweep): its port never died, and once the
+    user lets the loop go the collector frees both (the registry held the port,
+    and the port its loop, for the process's life).  The task loopbridge kept on
+    it is no task of the user's: asyncio does not report it destroyed while pending."""
+    p = lb.proxy(asyncio_owner.run(_make))
+    loop = asyncio.new_event_loop()
+    assert loop.run_until_complete(p.echo(1)) == 1  # this loop's port and its keeper exist
+    port = weakref.ref(getattr(loop, PORT_ATTR))
+    freed = weakref.ref(loop)
+    loop.close()
+    del loop
+    gc.collect()
+    assert (freed(), port()) == (None, None)
+    destroyed = [
+        r.getMessage() for r in caplog.records if "destroyed but it is pending" in r.getMessage()
+    ]
+    assert destroyed == []
