@@ -651,8 +651,12 @@ def _drop(box: list[object]) -> None:
     box.clear()
 
 
-def _no_del(self: object) -> None:
+def _no_del(self: object, _exiting: Callable[[], bool] = sys.is_finalizing) -> None:
     """A proxy's finaliser: never its class's ``__del__``; hand the object over (above)."""
+    if _exiting():
+        # Interpreter exit: this module's globals may already be None (3.13t frees
+        # the last proxies after clearing them), and no loop will run the object.
+        return
     try:
         # The members its blocking faces bound (see _proxy.blocking_members) hold
         # the object too, and go with the proxy: drop them first.

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from itertools import compress, repeat, starmap
 from operator import sub as _sub
 from typing import Any, Protocol
@@ -437,10 +439,13 @@ _retired: dict[str, Totals] = {}
 _retired_lock = threading.Lock()
 
 
-def _retire(ref: weakref.ref[Metrics]) -> None:
+def _retire(ref: weakref.ref[Metrics], _exiting: Callable[[], bool] = sys.is_finalizing) -> None:
     # A weakref callback can run inside any allocation, even one made while a
     # lock below is held: do nothing here but atomic moves (a dict.pop and a
     # deque.append, each under its container's own lock on a free-threaded build).
+    # Nothing at interpreter exit, where this module's globals may already be None.
+    if _exiting():
+        return
     entry = _live.pop(ref, None)
     if entry is not None:
         _dead.append(entry)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Mapping
@@ -355,7 +356,11 @@ def attach(obj: object, ownership: Ownership) -> None:
     _foreign[key] = (ref, ownership)
 
 
-def _forget(key: int, ref: weakref.ref[object]) -> None:
+def _forget(
+    key: int, ref: weakref.ref[object], _exiting: Callable[[], bool] = sys.is_finalizing
+) -> None:
+    if _exiting():
+        return  # interpreter exit: this module's globals may already be None
     entry = _foreign.get(key)
     if entry is not None and entry[0] is ref:
         del _foreign[key]

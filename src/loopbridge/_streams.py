@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
 from . import _interleave
@@ -527,10 +528,11 @@ class RemoteStream(Generic[Y]):
         )
         raise exc
 
-    def __del__(self) -> None:
+    def __del__(self, _exiting: Callable[[], bool] = sys.is_finalizing) -> None:
         # Dropped without being exhausted or closed (e.g. `break` out of
-        # `async for`): close the generator on its owner, without waiting.
-        if self._waker is not None:
+        # `async for`): close the generator on its owner, without waiting.  Not at
+        # interpreter exit, where this module's globals may already be None.
+        if self._waker is not None and not _exiting():
             _drop(self._ch)
 
 
@@ -658,8 +660,8 @@ class BlockingStream(Generic[Y], metaclass=NoPublicConstructor):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        if self._waker is not None:
+    def __del__(self, _exiting: Callable[[], bool] = sys.is_finalizing) -> None:
+        if self._waker is not None and not _exiting():  # see RemoteStream.__del__
             _drop(self._ch)
 
 
