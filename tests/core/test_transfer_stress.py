@@ -23,7 +23,7 @@ import loopbridge as lb
 from .conftest import hang_dump, tasks_on, within
 
 CALLS_PER_CALLER = 300
-MIN_TRANSFERS = 100  # while the callers ran
+RETURNS_PER_TRANSFER = 4  # the callers wait for the mover to keep up (see record)
 
 
 @lb.loop_affine
@@ -42,12 +42,38 @@ class Counter:
 
 
 def test_transfers_between_asyncio_and_uvloop_lose_and_misroute_nothing() -> None:
-    stock = lb.LoopThread(name="owner-asyncio").start()
+    stock = lb.LoopThread(name="owner-asyncio", use_uvloop=False).start()
     fast = lb.LoopThread(name="owner-uvloop", use_uvloop=True).start()
     ids = itertools.count()
     errors: list[BaseException] = []
     returned: list[int] = []
     done = threading.Event()
+    transfers = 0
+    # Callers and mover keep pace: a transfer per RETURNS_PER_TRANSFER returns, so
+    # transfers land among calls in flight however loaded the machine is (a mover
+    # that spins starves the callers on two cores; one left unscheduled, the
+    # callers finish with no transfer among them).  Neither waits while the other
+    # may not go on: callers wait only while the mover is behind, the mover only
+    # while it is one ahead.
+    pace = threading.Condition()
+
+    def callers_may_go() -> bool:  # the mover has kept up
+        return done.is_set() or transfers >= len(returned) // RETURNS_PER_TRANSFER
+
+    def mover_may_go() -> bool:  # it is at most one transfer ahead
+        return done.is_set() or transfers <= len(returned) // RETURNS_PER_TRANSFER
+
+    def record(value: int) -> None:
+        with pace:
+            returned.append(value)
+            pace.notify_all()
+            pace.wait_for(callers_may_go)
+
+    def finish() -> None:
+        with pace:
+            done.set()
+            pace.notify_all()
+
     try:
 
         async def make() -> Counter:
@@ -61,7 +87,7 @@ def test_transfers_between_asyncio_and_uvloop_lose_and_misroute_nothing() -> Non
                 b = lb.blocking(p)
                 for _ in range(CALLS_PER_CALLER):
                     i = next(ids)
-                    returned.append(b.record(i))
+                    record(b.record(i))
                 with b.items(50) as s:
                     assert list(s) == list(range(50))
             except BaseException as exc:
@@ -72,7 +98,8 @@ def test_transfers_between_asyncio_and_uvloop_lose_and_misroute_nothing() -> Non
                 async def calls() -> None:
                     for _ in range(CALLS_PER_CALLER):
                         i = next(ids)
-                        returned.append(await p.record(i))
+                        # Waits on this loop's thread for the mover: it needs no loop.
+                        record(await p.record(i))
 
                 async def streams() -> None:
                     for n in (0, 1, 20, 100):
@@ -85,15 +112,19 @@ def test_transfers_between_asyncio_and_uvloop_lose_and_misroute_nothing() -> Non
             except BaseException as exc:
                 errors.append(exc)
 
-        transfers = 0
-
         def transferrer() -> None:
-            # Back and forth for as long as the callers run.
+            # Back and forth for as long as the callers run, in step with them.
             nonlocal transfers
             try:
-                while not done.is_set():
+                while True:
+                    with pace:
+                        pace.wait_for(mover_may_go)
+                        if done.is_set():
+                            return
                     lb.transfer(counter, (fast if transfers % 2 == 0 else stock).loop)
-                    transfers += 1
+                    with pace:
+                        transfers += 1
+                        pace.notify_all()
             except BaseException as exc:
                 errors.append(exc)
 
@@ -105,14 +136,13 @@ def test_transfers_between_asyncio_and_uvloop_lose_and_misroute_nothing() -> Non
             t.start()
         for t in callers:
             t.join(90)
-        done.set()
+        finish()
         mover.join(30)
         hung = [t.name for t in (*callers, mover) if t.is_alive()]
         assert not hung, hang_dump(f"still running: {hung}")
         assert not errors, errors[:3]
-        assert transfers >= MIN_TRANSFERS, transfers
-
         issued = next(ids)
+        assert transfers >= issued // RETURNS_PER_TRANSFER, (transfers, issued)
         assert sorted(returned) == list(range(issued)), "a call was lost"
         ran: dict[int, int] = dict(counter.ran)
         assert ran == dict.fromkeys(range(issued), 1), "a call ran twice or never"
@@ -120,6 +150,6 @@ def test_transfers_between_asyncio_and_uvloop_lose_and_misroute_nothing() -> Non
             tasks: set[Any] = tasks_on(loop)
             assert not tasks, tasks
     finally:
-        done.set()
+        finish()
         stock.stop()
         fast.stop()
