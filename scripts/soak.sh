@@ -8,7 +8,9 @@
 # --runs N   passes in a row wanted per Python (default 200)
 # --busy K   CPU-bound processes kept running beside the soak (default 2)
 # --jobs J   suites run at once (default 1; on a 2-core machine with two busy processes,
-#            6 gave the most runs a minute: about 2.9, against 2.3 with 3 and 2.7 with 8)
+#            6 gave the most runs a minute: about 2.9, against 2.3 with 3 and 2.7 with 8;
+#            3.13t alone, 6 gave about 13 runs an hour and 2 about 7: its runs wait for
+#            the CPU far more than they use it, 95 s of CPU in a 17-minute run)
 # --out DIR  where results.txt and the logs of failed runs go (default soak, which
 #            is in git: commit it, and the count carries over to another machine)
 # --pythons  which of them (default: every one with a venv), e.g. --pythons 3.13t
