@@ -62,7 +62,9 @@ depends on the debtor alone:
   running;
 * a loop with callers parked on it ticks every ``LIVENESS_INTERVAL`` while any
   of them waits, and each tick drains that loop's own inbox and checks the
-  owner each parked operation now belongs to.
+  owner each parked operation now belongs to; for callers blocked in plain
+  threads, the process's watchdog (:mod:`loopbridge._watchdog`) makes the same
+  checks.
 
 Invariant: a parked caller's wait ends within two liveness intervals of its
 operation being settled or its owner loop dying, whatever the order of the

@@ -9,7 +9,9 @@ between them; calls and streams use the same ones:
 * ``wake(op)`` wakes that waiter (any thread; harmless when repeated);
 * ``park(op)`` waits until woken, noticing a dead owner loop (the owner ``op``
   has at the time: a transfer moves it), and lets the caller's own
-  cancellation through;
+  cancellation through.  A caller loop's tick checks the owner every liveness
+  interval; a plain thread blocks until woken, and the process's watchdog
+  (:mod:`loopbridge._watchdog`) checks for it;
 * ``wait_settled(op, grace)`` waits, cancel-proof and bounded, for the owner
   side to finish after a cancel request: at most ``grace`` seconds, and only
   while the owner loop answers.  Each round probes the owner loop (a no-op
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +55,7 @@ from ._lag import overdue_s
 from ._operation import Operation
 from ._outcome import OK, PENDING
 from ._ports import LIVENESS_INTERVAL, PORT_ATTR, Port, running_port, unpark_waiter
+from ._watchdog import watched
 
 if TYPE_CHECKING:
     import trio
@@ -71,6 +75,7 @@ __all__ = [
 ]
 
 _perf = time.perf_counter
+_TIMEOUT_MAX = threading.TIMEOUT_MAX
 
 #: A caller waiting for the owner side's cleanup stops waiting once the owner
 #: loop has left a probe unanswered this long (seconds): the loop is blocked or
@@ -198,6 +203,7 @@ class ThreadWaker:
     def __init__(self) -> None:
         self.thread_id: int | None = threading.get_ident()
         self.label = threading.current_thread().name
+        watched().start()  # before this thread's first wait: see _watchdog (signals)
 
     @staticmethod
     def new_waiter() -> threading.Lock:
@@ -219,18 +225,27 @@ class ThreadWaker:
             raise TimeoutError(timeout_message(op, timeout, "cancelled"))
 
     def wait(self, op: Operation, timeout: float | None = None) -> bool:
-        """Wait until woken: True; False once ``timeout`` seconds have passed first."""
+        """Wait until woken: True; False once ``timeout`` seconds have passed first.
+
+        The thread blocks until then: the process's watchdog checks the owner
+        while it does (a dead owner settles ``op``, which wakes it).
+        """
         lock: threading.Lock = op.waiter
-        if timeout is None:
-            while not lock.acquire(timeout=LIVENESS_INTERVAL):
-                _check_owner(op)
+        if lock.acquire(blocking=False):  # settled already: nothing to watch
             return True
-        deadline = _perf() + timeout
-        while not lock.acquire(timeout=max(0.0, min(LIVENESS_INTERVAL, deadline - _perf()))):
-            if _perf() >= deadline:
-                return False
-            _check_owner(op)
-        return True
+        watchdog = watched()
+        try:
+            watchdog.add(op)
+            if timeout is None:
+                return lock.acquire()
+            deadline = _perf() + timeout
+            # A lock waits at most TIMEOUT_MAX at a time (more raises OverflowError).
+            while not lock.acquire(timeout=min(max(0.0, deadline - _perf()), _TIMEOUT_MAX)):
+                if _perf() >= deadline:
+                    return False
+            return True
+        finally:
+            watchdog.discard(op)
 
     def wait_settled(self, op: Operation, grace: float) -> None:
         for timeout in _rounds(self, op, grace):
@@ -426,6 +441,16 @@ def new_loop_waker(loop: asyncio.AbstractEventLoop) -> LoopWaker:
 
 
 _threads = threading.local()
+
+
+def _forget_thread_waker() -> None:
+    """In a forked child: the surviving thread makes a new waker on its next wait,
+    which starts the child's watchdog before that wait (see _watchdog: signals)."""
+    _threads.__dict__.pop("waker", None)
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_thread_waker)
 
 
 def thread_waker() -> ThreadWaker:
