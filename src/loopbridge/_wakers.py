@@ -234,6 +234,8 @@ class ThreadWaker:
         if lock.acquire(blocking=False):  # settled already: nothing to watch
             return True
         watchdog = watched()
+        if watchdog.thread is None and not watchdog.start():  # interpreter shutdown
+            return _poll(op, timeout)
         try:
             watchdog.add(op)
             if timeout is None:
@@ -251,6 +253,20 @@ class ThreadWaker:
         for timeout in _rounds(self, op, grace):
             op.waiter.acquire(timeout=timeout)
             _check_owner(op)
+
+
+def _poll(op: Operation, timeout: float | None) -> bool:
+    """``ThreadWaker.wait`` with no watchdog to check the owner (no thread can start:
+    interpreter shutdown): wake every liveness interval to check it here."""
+    lock: threading.Lock = op.waiter
+    deadline = None if timeout is None else _perf() + timeout
+    while True:
+        left = LIVENESS_INTERVAL if deadline is None else min(LIVENESS_INTERVAL, deadline - _perf())
+        if lock.acquire(timeout=max(0.0, left)):
+            return True
+        if deadline is not None and _perf() >= deadline:
+            return False
+        _check_owner(op)
 
 
 def _check_owner(op: Operation) -> None:

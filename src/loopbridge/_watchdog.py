@@ -41,6 +41,11 @@ waits on a condition, and an interrupt inside ``Condition.wait`` can leave it
 broken): a thread starts the watchdog when it makes its first blocking call
 (:func:`~loopbridge._wakers.thread_waker`), before it waits.
 
+Interpreter shutdown: from 3.12 on, no thread starts once the interpreter is
+finalizing, ``atexit`` handlers included.  A blocking call made there with no
+watchdog running checks its owner itself, every liveness interval, as every
+blocked caller did before the watchdog.
+
 Fork: only the forking thread exists in a child, and the watchdog thread is not
 it.  ``os.register_at_fork(after_in_child=...)`` replaces the watchdog with a
 fresh one (a new lock: another thread may have held the old one at the fork;
@@ -80,13 +85,26 @@ class Watchdog:
         self.idle = False  # under lock: the thread sleeps, or is about to, on ``bell``
         self.rounds = 0  # checks made so far (the watchdog thread writes it; tests read it)
 
-    def start(self) -> None:
+    def start(self) -> bool:
         """Start the watchdog thread unless it runs (a thread about to make its first
-        blocking call: before its wait, where a Ctrl-C must find nothing half done)."""
+        blocking call: before its wait, where a Ctrl-C must find nothing half done).
+
+        False: no thread can start (interpreter shutdown: an ``atexit`` handler
+        on 3.12+); a caller then checks its owner itself while it waits.
+        """
         with self.lock:
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-                self.thread.start()
+                self._start_thread()
+            return self.thread is not None
+
+    def _start_thread(self) -> None:
+        """(``lock`` held.)"""
+        thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            return
+        self.thread = thread
 
     def add(self, op: Any) -> None:
         """A thread caller blocks on ``op`` from now on (its own thread).
@@ -101,8 +119,7 @@ class Watchdog:
                 self.idle = False
                 self.bell.release()
             elif self.thread is None:  # not started before the wait (a forked child's)
-                self.thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-                self.thread.start()
+                self._start_thread()
 
     def discard(self, op: Any) -> None:
         """The caller blocked on ``op`` stopped waiting (its own thread)."""

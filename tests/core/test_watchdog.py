@@ -9,7 +9,9 @@ too.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -190,3 +192,52 @@ def test_a_forked_child_gets_a_watchdog_of_its_own(
         t.join(BOUND)
     assert got == ["opened"]
     assert report == {"fresh": True, "got": "OwnerLoopClosed"}
+
+
+AT_EXIT = textwrap.dedent(
+    """
+    import asyncio, atexit, threading
+    import loopbridge as lb
+    from loopbridge import _watchdog
+
+    @lb.loop_affine
+    class Engine:
+        async def echo(self, x: int) -> int:
+            return x
+
+    async def make() -> Engine:
+        return Engine()
+
+    owner = lb.LoopThread("owner").start()
+    # Made without a blocking call: this thread's first one is the exit handler's.
+    p = lb.proxy(asyncio.run_coroutine_threadsafe(make(), owner.loop).result())
+
+    def at_exit() -> None:
+        try:  # can a thread start here?  (not on 3.12)
+            probe = threading.Thread(target=int)
+            probe.start()
+            probe.join()
+            can = True
+        except RuntimeError:
+            can = False
+        print(lb.blocking(p).echo(7), can, _watchdog.watched().thread is not None)
+        owner.stop()
+
+    atexit.register(at_exit)
+    """
+)
+
+
+def test_a_blocking_call_at_interpreter_exit_works_without_a_watchdog() -> None:
+    """On 3.12 no thread starts in an ``atexit`` handler: a blocking call made there,
+    the thread's first, checks its owner itself rather than failing.  Where one
+    can start, the watchdog does."""
+    proc = subprocess.run(
+        [sys.executable, "-c", AT_EXIT], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    value, can_start, watchdog = proc.stdout.split()
+    assert value == "7"
+    assert watchdog == can_start  # the watchdog where a thread can start, else none
+    if sys.version_info[:2] == (3, 12):
+        assert can_start == "False"  # the case this test is for
