@@ -10,7 +10,12 @@
 # --jobs J   suites run at once (default 1; on a 2-core machine with two busy processes,
 #            6 gave the most runs a minute: about 2.9, against 2.3 with 3 and 2.7 with 8;
 #            3.13t alone, 6 gave about 13 runs an hour and 2 about 7: its runs wait for
-#            the CPU far more than they use it, 95 s of CPU in a 17-minute run)
+#            the CPU far more than they use it, 95 s of CPU in a 17-minute run). With
+#            the kernel's autogroup scheduling on (/proc/sys/kernel/sched_autogroup_enabled),
+#            the runs and the busy processes share one group, this script's session: they
+#            compete for that group's share, and a process started from another session
+#            (a benchmark, a test run) gets as much CPU as the whole soak. Beside one such
+#            process, 3.13t runs took 40 minutes at 3-5% of a core each, and it 68%.
 # --out DIR  where results.txt and the logs of failed runs go (default soak, which
 #            is in git: commit it, and the count carries over to another machine)
 # --pythons  which of them (default: every one with a venv), e.g. --pythons 3.13t
