@@ -10,15 +10,23 @@
 # --jobs J   suites run at once (default 1; on a 2-core machine with two busy processes,
 #            6 gave the most runs a minute: about 2.9, against 2.3 with 3 and 2.7 with 8;
 #            3.13t alone, 6 gave about 13 runs an hour and 2 about 7: its runs wait for
-#            the CPU far more than they use it, 95 s of CPU in a 17-minute run). With
-#            the kernel's autogroup scheduling on (/proc/sys/kernel/sched_autogroup_enabled),
-#            the runs and the busy processes share one group, this script's session: they
-#            compete for that group's share, and a process started from another session
-#            (a benchmark, a test run) gets as much CPU as the whole soak. Beside one such
-#            process, 3.13t runs took 40 minutes at 3-5% of a core each, and it 68%.
+#            the CPU far more than they use it, 95 s of CPU in a 17-minute run, when
+#            the busy processes shared the runs' session: see below)
 # --out DIR  where results.txt and the logs of failed runs go (default soak, which
 #            is in git: commit it, and the count carries over to another machine)
 # --pythons  which of them (default: every one with a venv), e.g. --pythons 3.13t
+#
+# The busy processes run in a session of their own. With the kernel's autogroup
+# scheduling (/proc/sys/kernel/sched_autogroup_enabled), the processes of one session
+# share one group's CPU, and a thread that calls sched_yield() gives its turn to the
+# busy ones in its group for a whole slice. CPython 3.13.5's free-threaded build spins
+# with sched_yield() (up to 40 times) before it parks on a lock it finds taken; the
+# stacks (strace -k) show it on a buffered file's flush inside that file's own close,
+# and in dict lookups (gdb): about 41,500 yields to import pytest, hypothesis, uvloop
+# and trio (strace -f -c), none on 3.11. With the busy processes in
+# the runs' session, that import took 37 to 106 s on 3.13t (GIL on or off) against 6.5 s
+# on 3.11, runs took 25 to 40 minutes at 3-5% of a core each, and tests with many such
+# locks (tests/metrics/test_dead_objects.py) ran past pytest's 300 s.
 #
 # Needs the venvs of scripts/test-core-pythons.sh (.venv-core-<version>; 3.13t, the
 # free-threaded build of scripts/build-python-ft.sh, runs with the GIL off). Every run
@@ -79,7 +87,10 @@ stop_burners() { [ ${#burners[@]} -gt 0 ] && kill "${burners[@]}" 2>/dev/null; }
 trap stop_burners EXIT
 trap 'exit 130' INT TERM
 for _ in $(seq 1 "$busy"); do
-    python3 -c "while True: pass" &
+    # In a session of their own: with autogroup scheduling, a busy process in the runs'
+    # session takes the slice of every thread there that yields the CPU, and 3.13t's
+    # locks spin with sched_yield (see the header).
+    setsid python3 -c "while True: pass" &
     burners+=($!)
 done
 
@@ -94,7 +105,7 @@ one_run() { # python version: run the suites once, append the result line
     env "${gil[@]}" ".venv-core-$v/bin/python" -m pytest "${suites[@]}" -m "not vllm and not sglang" \
         -q -p no:cacheprovider --timeout 300 >"$log" 2>&1
     rc=$?
-    echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v rc=$rc $tag secs=$(($(date +%s) - start)) busy=$busy jobs=$jobs $(tail -n 1 "$log")" >>"$results"
+    echo "$(date -u +%FT%TZ) $(cut -d' ' -f1 /proc/loadavg) $id py=$v rc=$rc $tag secs=$(($(date +%s) - start)) busy=$busy,own-session jobs=$jobs $(tail -n 1 "$log")" >>"$results"
     [ $rc -eq 0 ] || cp "$log" "$out/fail-$(date -u +%Y%m%dT%H%M%S)-$v.log"
     rm -f "$log"
 }
