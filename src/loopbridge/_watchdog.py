@@ -72,7 +72,7 @@ THREAD_NAME = "loopbridge-watchdog"
 class Watchdog:
     """The operations thread callers wait on, and the thread that checks their owners."""
 
-    __slots__ = ("lock", "bell", "parked", "thread", "idle", "rounds")
+    __slots__ = ("lock", "bell", "parked", "thread", "idle")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -83,7 +83,6 @@ class Watchdog:
         self.parked: set[Any] = set()  # under lock
         self.thread: threading.Thread | None = None  # under lock
         self.idle = False  # under lock: the thread sleeps, or is about to, on ``bell``
-        self.rounds = 0  # checks made so far (the watchdog thread writes it; tests read it)
 
     def start(self) -> bool:
         """Start the watchdog thread unless it runs (a thread about to make its first
@@ -94,17 +93,13 @@ class Watchdog:
         """
         with self.lock:
             if self.thread is None:
-                self._start_thread()
-            return self.thread is not None
-
-    def _start_thread(self) -> None:
-        """(``lock`` held.)"""
-        thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # "can't create new thread at interpreter shutdown"
-            return
-        self.thread = thread
+                thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                    return False
+                self.thread = thread
+            return True
 
     def add(self, op: Any) -> None:
         """A thread caller blocks on ``op`` from now on (its own thread).
@@ -118,8 +113,6 @@ class Watchdog:
             if self.idle:
                 self.idle = False
                 self.bell.release()
-            elif self.thread is None:  # not started before the wait (a forked child's)
-                self._start_thread()
 
     def discard(self, op: Any) -> None:
         """The caller blocked on ``op`` stopped waiting (its own thread)."""
@@ -149,7 +142,6 @@ class Watchdog:
                 owner.check_alive()
             except Exception:  # never lose the watchdog: the other owners need it
                 _log.exception("loopbridge: the liveness check of %r failed", owner)
-        self.rounds += 1
 
 
 _log = logging.getLogger("loopbridge")

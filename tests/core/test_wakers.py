@@ -36,12 +36,15 @@ def test_blocking_caller_sees_owner_death() -> None:
 
 @lb.loop_affine
 class Latch:
-    """A call that returns once the latch is opened on its owner loop."""
+    """A call that returns once the latch is opened on its owner loop (``waiting``:
+    set once a call has started there)."""
 
     def __init__(self) -> None:
         self.opened = asyncio.Event()
+        self.waiting = threading.Event()
 
     async def wait(self) -> str:
+        self.waiting.set()
         await self.opened.wait()
         return "opened"
 

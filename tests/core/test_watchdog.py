@@ -24,20 +24,7 @@ from loopbridge._ports import Port, port_for_loop
 
 from .interleave import BOUND, wait_until_waiting
 from .test_fork import _fork_and_report
-
-
-@lb.loop_affine
-class Latch:
-    """A call that returns once the latch is opened on its owner loop."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-        self.waiting = threading.Event()
-
-    async def wait(self) -> str:
-        self.waiting.set()
-        await self.opened.wait()
-        return "opened"
+from .test_wakers import Latch
 
 
 async def _make_latch() -> Latch:
