@@ -225,7 +225,7 @@ def grpc_client(owner: lb.LoopThread, target: str) -> Client:
     c = Client()
 
     async def raw_call() -> bytes:
-        return await raw.Say(b"x")  # type: ignore[no-any-return]
+        return await raw.Say(b"x", timeout=10)  # type: ignore[no-any-return]
 
     c.raw_call = raw_call
     c.bridged = lambda: recipe.say(stub, b"x")
