@@ -26,6 +26,9 @@ runs, CPU per call much less, so read the two together.  ``crossings`` is how
 many times one request crosses to the owner loop each way (the baseline:
 once).  The run records the load average at its start and end (``load``).
 ``--pin`` keeps the client on one CPU and the servers on the others.
+``--client stand-in`` runs the grpc recipe's code on a stub whose call does no
+work (a future the owner resolves on its next iteration): the crossing's own
+cost each way, which a real call's work dilutes.
 
     python benchmarks/bench_recipes.py
     python benchmarks/bench_recipes.py --client grpc --callers loop --calls 5000 --reps 5
@@ -175,7 +178,7 @@ class ServerProcess:
 #: Crossings to the owner loop per request through each recipe (the baseline's
 #: coroutine does the whole request in one): aiohttp's ``async with
 #: session.get(...)``, ``await response.json()`` and the exit are three.
-CROSSINGS = {"httpx": 1, "aiohttp": 3, "grpc": 1}
+CROSSINGS = {"httpx": 1, "aiohttp": 3, "grpc": 1, "stand-in": 1}
 
 
 class Client:
@@ -231,6 +234,45 @@ def grpc_client(owner: lb.LoopThread, target: str) -> Client:
     c.bridged = lambda: recipe.say(stub, b"x")
     c.bridged_blocking = lambda: recipe.say_blocking(stub, b"x")
     c.close = lambda: recipe.close_channel(channel)
+    return c
+
+
+class _Multicallable:
+    """A grpc.aio multicallable's shape without grpc: the call is a future that the
+    owner loop resolves on its next iteration, as an RPC's answer arrives."""
+
+    def __call__(self, request: bytes, timeout: float | None = None) -> asyncio.Future[bytes]:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bytes] = loop.create_future()
+        loop.call_soon(answer.set_result, request)
+        return answer
+
+
+class _StandInStub:
+    def __init__(self) -> None:
+        self.Say = _Multicallable()
+
+
+def stand_in_client(owner: lb.LoopThread) -> Client:
+    """``--client stand-in``: the grpc recipe's own code (its rule, ``say`` and
+    ``say_blocking``) on a stub whose call does no work: what the crossing costs,
+    each way, without grpc's own work per call."""
+    recipe = _recipes().load_recipe("grpc")
+
+    async def make() -> _StandInStub:
+        return lb.adopt(_StandInStub(), returns={"Say": recipe.METHOD})
+
+    stub = lb.proxy(owner.run(make))
+    raw = lb.unwrap(stub)
+    c = Client()
+
+    async def raw_call() -> bytes:
+        return await raw.Say(b"x", timeout=10)
+
+    c.raw_call = raw_call
+    c.bridged = lambda: recipe.say(stub, b"x")
+    c.bridged_blocking = lambda: recipe.say_blocking(stub, b"x")
+    c.close = lambda: None
     return c
 
 
@@ -385,7 +427,12 @@ async def _disable(p: cProfile.Profile) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--client", choices=["httpx", "aiohttp", "grpc", "all"], default="all")
+    ap.add_argument(
+        "--client",
+        choices=["httpx", "aiohttp", "grpc", "stand-in", "all"],
+        default="all",
+        help="all: the three recipes (stand-in: the grpc recipe on a stub that does no work)",
+    )
     ap.add_argument("--callers", choices=["threads", "loop", "both"], default="both")
     ap.add_argument("--calls", type=int, default=640, help="calls per batch")
     ap.add_argument(
@@ -423,11 +470,12 @@ def main() -> None:
     ):
         for kind in clients:
             pool = max(args.workers, args.concurrency)
-            c = (
-                grpc_client(owner, target)
-                if kind == "grpc"
-                else http_client(kind, owner, url, pool)
-            )
+            if kind == "grpc":
+                c = grpc_client(owner, target)
+            elif kind == "stand-in":
+                c = stand_in_client(owner)
+            else:
+                c = http_client(kind, owner, url, pool)
             try:
                 for who in callers:
                     if args.profile:

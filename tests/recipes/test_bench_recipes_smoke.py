@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,25 @@ import loopbridge
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = str(Path(loopbridge.__file__).resolve().parent.parent)
+
+
+def _results(*args: str) -> dict[str, dict[str, object]]:
+    """The report's rows of one run of the benchmark with ``args`` (tiny sizes)."""
+    tiny = ["--calls", "32", "--reps", "1", "--workers", "4", "--concurrency", "4"]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_recipes.py"), *tiny, *args],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout[result.stdout.index("{\n") :])
+    results: dict[str, dict[str, Any]] = report["results"]
+    for row in results.values():
+        assert row["calls_per_s"]["run_coroutine_threadsafe"] > 0
+        assert row["calls_per_s"]["loopbridge"] > 0
+    return results
 
 
 def test_bench_recipes_runs() -> None:
@@ -26,20 +46,14 @@ def test_bench_recipes_runs() -> None:
     ):
         pytest.importorskip(name, reason=f"{dist} is not installed (dependency group: recipes)")
     # --pin: the client on one of the CPUs it may use, the servers' processes on the others.
-    args = ["--calls", "32", "--reps", "1", "--workers", "4", "--concurrency", "4", "--pin"]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_recipes.py"), *args],
-        env={**os.environ, "PYTHONPATH": SRC},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout[result.stdout.index("{\n") :])
-    results = report["results"]
+    results = _results("--pin")
     assert sorted(results) == sorted(
         f"{c}, {w}" for c in ("httpx", "aiohttp", "grpc") for w in ("threads", "loop")
     )
-    for row in results.values():
-        assert row["calls_per_s"]["run_coroutine_threadsafe"] > 0
-        assert row["calls_per_s"]["loopbridge"] > 0
+
+
+def test_bench_recipes_stand_in_runs() -> None:
+    """The grpc recipe's code on the stub that does no work, both ways, both callers."""
+    for name, dist in (("grpc", "grpcio"), ("uvicorn", "uvicorn")):
+        pytest.importorskip(name, reason=f"{dist} is not installed (dependency group: recipes)")
+    assert sorted(_results("--client", "stand-in")) == ["stand-in, loop", "stand-in, threads"]
