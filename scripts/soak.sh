@@ -20,7 +20,8 @@
 # scheduling (/proc/sys/kernel/sched_autogroup_enabled), the processes of one session
 # share one group's CPU, and a thread that calls sched_yield() gives its turn to the
 # busy ones in its group for a whole slice. CPython 3.13.5's free-threaded build spins
-# with sched_yield() (up to 40 times) before it parks on a lock it finds taken; the
+# with sched_yield() before it parks on a lock it finds taken, 40 times, since its loop
+# does not read the lock again meanwhile (CPython gh-135871, docs/free-threading.md); the
 # stacks (strace -k) show it on a buffered file's flush inside that file's own close,
 # and in dict lookups (gdb): about 41,500 yields to import pytest, hypothesis, uvloop
 # and trio (strace -f -c), none on 3.11. With the busy processes in

@@ -92,8 +92,15 @@ for v in ${LOOPBRIDGE_CORE_PYTHONS:-3.10 3.11 3.12 3.13 3.13t}; do
     echo "== $("$venv/bin/python" --version)"
     if [ "$v" = 3.13t ]; then
         cat "$venv/missing-wheels.txt"
-        PYTHON_GIL=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout 300 \
-            "${ft_suites[@]}" -m "not vllm and not sglang" "$@" || failed+=("$v")
+        # Without a terminal (.ci/run's job), in a session of its own: 3.13t's locks spin
+        # with sched_yield() before they park, and with autogroup scheduling each yield
+        # hands a slice to the busy processes of the same session, the engine lanes there
+        # (docs/free-threading.md). --wait: the status is pytest's, whether setsid forks
+        # or not. From a terminal, Ctrl-C must still reach pytest: no new session.
+        own_session=()
+        [ -t 0 ] || own_session=(setsid --wait)
+        PYTHON_GIL=0 "${own_session[@]}" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+            --timeout 300 "${ft_suites[@]}" -m "not vllm and not sglang" "$@" || failed+=("$v")
     else
         "$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout 300 tests \
             -m "not vllm and not sglang" "$@" || failed+=("$v")
