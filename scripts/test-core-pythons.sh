@@ -37,14 +37,21 @@ find_python() { # on PATH, else a pyenv-installed version (3.13t: the cached bui
         fi
     done
 }
+# 3.13t's processes, without a terminal (.ci/run's job), run in a session of their own:
+# its locks spin with sched_yield() before they park, and with autogroup scheduling each
+# yield hands a slice to the busy processes of the same session, the engine lanes there
+# (docs/free-threading.md). --wait: the status is the command's, whether setsid forks or
+# not. From a terminal, Ctrl-C must still reach them: no new session.
+ft_session=()
+[ -t 0 ] || ft_session=(setsid --wait)
 ft_install() { # venv: loopbridge, then each test and recipes package that installs there
     local venv=$1 req missing=()
-    flock .cache/setup-editable.lock "$venv/bin/python" -m pip install -q -e ".[trio,uvloop,prometheus]" ||
-        return 1
+    flock .cache/setup-editable.lock "${ft_session[@]}" "$venv/bin/python" -m pip install -q \
+        -e ".[trio,uvloop,prometheus]" || return 1
     while read -r req; do
         [ -n "$req" ] || continue
-        PIP_ONLY_BINARY=:all: "$venv/bin/python" -m pip install -q "$req" "hypothesis<6.140" ||
-            missing+=("$req")
+        PIP_ONLY_BINARY=:all: "${ft_session[@]}" "$venv/bin/python" -m pip install -q "$req" \
+            "hypothesis<6.140" || missing+=("$req")
     done < <("$venv/bin/python" scripts/_dependency_groups.py test recipes)
     echo "no wheel for this free-threaded Python: ${missing[*]:-none}" | tee "$venv/missing-wheels.txt"
 }
@@ -92,14 +99,7 @@ for v in ${LOOPBRIDGE_CORE_PYTHONS:-3.10 3.11 3.12 3.13 3.13t}; do
     echo "== $("$venv/bin/python" --version)"
     if [ "$v" = 3.13t ]; then
         cat "$venv/missing-wheels.txt"
-        # Without a terminal (.ci/run's job), in a session of its own: 3.13t's locks spin
-        # with sched_yield() before they park, and with autogroup scheduling each yield
-        # hands a slice to the busy processes of the same session, the engine lanes there
-        # (docs/free-threading.md). --wait: the status is pytest's, whether setsid forks
-        # or not. From a terminal, Ctrl-C must still reach pytest: no new session.
-        own_session=()
-        [ -t 0 ] || own_session=(setsid --wait)
-        PYTHON_GIL=0 "${own_session[@]}" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        PYTHON_GIL=0 "${ft_session[@]}" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
             --timeout 300 "${ft_suites[@]}" -m "not vllm and not sglang" "$@" || failed+=("$v")
     else
         "$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout 300 tests \
