@@ -87,17 +87,26 @@ class Adder:
 
 
 @pytest.fixture
-def ctrl_c_raises() -> Iterator[None]:
-    """SIGINT raises ``KeyboardInterrupt`` in the main thread, as at a terminal.
+def ctrl_c_raises() -> Iterator[threading.Event]:
+    """SIGINT raises ``KeyboardInterrupt`` in the main thread, as at a terminal, once:
+    the event it gives is set when it has, and later ones do nothing (see
+    ``interleave.ctrl_c``, which sends it again until then).
 
     A test run started in the background of a non-interactive shell (as CI starts
     each Python's core lane) inherits SIGINT ignored, and Python then leaves it
     ignored: ``_thread.interrupt_main()`` would do nothing. The previous handler
     is put back afterwards.
     """
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    raised = threading.Event()
+
+    def once(signum: int, frame: object) -> None:
+        if not raised.is_set():
+            raised.set()
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, once)
     try:
-        yield
+        yield raised
     finally:
         signal.signal(signal.SIGINT, previous)
 

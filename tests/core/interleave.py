@@ -15,6 +15,7 @@ of hanging it.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -157,3 +158,24 @@ def wait_until_waiting(thread: threading.Thread) -> None:
             frame = frame.f_back
         threading.Event().wait(0.001)
     raise AssertionError(f"{thread.name} never waited in a blocking call")
+
+
+#: How often :func:`ctrl_c` sends the signal again while its handler has not run.
+RESEND = 0.01
+
+
+def ctrl_c(thread: threading.Thread, raised: threading.Event) -> None:
+    """Ctrl-C, a real SIGINT, into ``thread``'s blocking wait, sent again every
+    :data:`RESEND` until its handler has run (``raised``: the ``ctrl_c_raises``
+    fixture's, whose handler raises once).  A signal that lands after the thread's
+    last check for signals and before it blocks in ``lock.acquire()`` is seen only
+    when that wait ends (CPython checks for them when a blocking acquire is
+    interrupted, not before it blocks); the next one interrupts the wait."""
+    ident = thread.ident
+    assert ident is not None
+    deadline = time.perf_counter() + BOUND
+    while time.perf_counter() < deadline:
+        signal.pthread_kill(ident, signal.SIGINT)
+        if raised.wait(RESEND):
+            return
+    raise AssertionError(f"no SIGINT reached {thread.name}'s handler")

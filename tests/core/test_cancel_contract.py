@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import signal
 import sys
 import threading
 from typing import Any
@@ -31,7 +30,7 @@ import loopbridge.metrics
 from loopbridge._ports import running_port
 from loopbridge._trio import trio_port
 
-from .interleave import BOUND, Interleaving, wait_until_waiting
+from .interleave import BOUND, Interleaving, ctrl_c, wait_until_waiting
 
 
 @lb.loop_affine(returns={"queue": lb.Owned()})
@@ -200,9 +199,8 @@ def test_a_blocking_timeout_that_loses_to_the_result_returns_it(
     assert _queue_counters(q)["delivered_despite_cancel"] == 1
 
 
-@pytest.mark.usefixtures("ctrl_c_raises")
 def test_a_keyboard_interrupt_drops_a_completed_result_and_counts_it(
-    asyncio_owner: lb.LoopThread,
+    asyncio_owner: lb.LoopThread, ctrl_c_raises: threading.Event
 ) -> None:
     _, p = _broker(asyncio_owner)
     q = lb.blocking(p).queue()
@@ -212,7 +210,7 @@ def test_a_keyboard_interrupt_drops_a_completed_result_and_counts_it(
     def interrupt(il: Interleaving) -> None:
         il.reached("settle.latched")
         wait_until_waiting(main_thread)  # the interrupt lands in the call's wait
-        signal.pthread_kill(main_thread.ident, signal.SIGINT)  # Ctrl-C: a real signal
+        ctrl_c(main_thread, ctrl_c_raises)  # Ctrl-C: a real signal
         given_up.wait()  # the main thread asked for the cancel: the owner may go on
         il.release("settle.latched")
 

@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import re
-import signal
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ import loopbridge as lb
 import loopbridge.metrics
 from loopbridge import _wakers
 
-from .interleave import BOUND, Interleaving, wait_until_waiting
+from .interleave import BOUND, Interleaving, ctrl_c, wait_until_waiting
 
 TIMEOUT = 0.5
 #: The stated bound (docs/concepts.md#cancellation): ``_wakers.UNRESPONSIVE_S``.
@@ -244,9 +243,8 @@ def test_trio_fail_after_takes_back_a_call_the_stuck_owner_never_started(
     _never_ran(p)
 
 
-@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_in_a_blocking_call_to_a_stuck_owner_returns_at_once(
-    asyncio_owner: lb.LoopThread,
+    asyncio_owner: lb.LoopThread, ctrl_c_raises: threading.Event
 ) -> None:
     _, p = _recorder(asyncio_owner)
     main = threading.main_thread()
@@ -256,7 +254,7 @@ def test_ctrl_c_in_a_blocking_call_to_a_stuck_owner_returns_at_once(
     def interrupt() -> None:
         wait_until_waiting(main)  # the call is queued, and the main thread waits
         sent.append(time.perf_counter())
-        signal.pthread_kill(main.ident, signal.SIGINT)  # Ctrl-C: a real signal
+        ctrl_c(main, ctrl_c_raises)  # Ctrl-C: a real signal
 
     with stuck(asyncio_owner):
         helper = threading.Thread(target=interrupt, name="interrupter")
