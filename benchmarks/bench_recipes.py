@@ -224,6 +224,12 @@ def http_client(kind: str, owner: lb.LoopThread, url: str, pool: int) -> Client:
 def grpc_client(owner: lb.LoopThread, target: str) -> Client:
     recipe = _recipes().load_recipe("grpc")
     channel, stub = recipe.open_stub(owner, target)
+    return _grpc_recipe_client(recipe, stub, lambda: recipe.close_channel(channel))
+
+
+def _grpc_recipe_client(recipe: Any, stub: Any, close: Callable[[], None]) -> Client:
+    """The grpc recipe's ``say`` on ``stub`` (a proxy), and the same request on the
+    object itself as the baseline: ``Say(b"x", timeout=10)``."""
     raw = lb.unwrap(stub)
     c = Client()
 
@@ -233,7 +239,7 @@ def grpc_client(owner: lb.LoopThread, target: str) -> Client:
     c.raw_call = raw_call
     c.bridged = lambda: recipe.say(stub, b"x")
     c.bridged_blocking = lambda: recipe.say_blocking(stub, b"x")
-    c.close = lambda: recipe.close_channel(channel)
+    c.close = close
     return c
 
 
@@ -262,18 +268,7 @@ def stand_in_client(owner: lb.LoopThread) -> Client:
     async def make() -> _StandInStub:
         return lb.adopt(_StandInStub(), returns={"Say": recipe.METHOD})
 
-    stub = lb.proxy(owner.run(make))
-    raw = lb.unwrap(stub)
-    c = Client()
-
-    async def raw_call() -> bytes:
-        return await raw.Say(b"x", timeout=10)
-
-    c.raw_call = raw_call
-    c.bridged = lambda: recipe.say(stub, b"x")
-    c.bridged_blocking = lambda: recipe.say_blocking(stub, b"x")
-    c.close = lambda: None
-    return c
+    return _grpc_recipe_client(recipe, lb.proxy(owner.run(make)), lambda: None)
 
 
 # -------------------------------------------------------------------- callers

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 SRC = str(Path(loopbridge.__file__).resolve().parent.parent)
 
 
-def _results(*args: str) -> dict[str, dict[str, object]]:
+def _results(*args: str) -> dict[str, dict[str, Any]]:
     """The report's rows of one run of the benchmark with ``args`` (tiny sizes)."""
     tiny = ["--calls", "32", "--reps", "1", "--workers", "4", "--concurrency", "4"]
     result = subprocess.run(
@@ -37,14 +37,15 @@ def _results(*args: str) -> dict[str, dict[str, object]]:
     return results
 
 
-def test_bench_recipes_runs() -> None:
-    for name, dist in (
-        ("httpx", "httpx"),
-        ("aiohttp", "aiohttp"),
-        ("grpc", "grpcio"),
-        ("uvicorn", "uvicorn"),
-    ):
+def _need(*modules: tuple[str, str]) -> None:
+    """Skip, naming the distribution, where a recipes package is not installed (3.13t
+    has no grpcio wheel)."""
+    for name, dist in modules:
         pytest.importorskip(name, reason=f"{dist} is not installed (dependency group: recipes)")
+
+
+def test_bench_recipes_runs() -> None:
+    _need(("httpx", "httpx"), ("aiohttp", "aiohttp"), ("grpc", "grpcio"), ("uvicorn", "uvicorn"))
     # --pin: the client on one of the CPUs it may use, the servers' processes on the others.
     results = _results("--pin")
     assert sorted(results) == sorted(
@@ -54,6 +55,5 @@ def test_bench_recipes_runs() -> None:
 
 def test_bench_recipes_stand_in_runs() -> None:
     """The grpc recipe's code on the stub that does no work, both ways, both callers."""
-    for name, dist in (("grpc", "grpcio"), ("uvicorn", "uvicorn")):
-        pytest.importorskip(name, reason=f"{dist} is not installed (dependency group: recipes)")
+    _need(("grpc", "grpcio"), ("uvicorn", "uvicorn"))
     assert sorted(_results("--client", "stand-in")) == ["stand-in, loop", "stand-in, threads"]
